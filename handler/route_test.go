@@ -1,0 +1,140 @@
+package handler
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestNormalizeRoute(t *testing.T) {
+	tests := []struct{ in, want string }{
+		// The contract table.
+		{"/a/../admin", "/admin"},
+		{"//x", "/x"},
+		{"/%2e%2e/admin", "/admin"},
+		{"/admin?x", "/admin"},
+		{"/a/./b/", "/a/b/"},
+		{"/%7euser", "/~user"},
+		{"/a%2fb", "/a%2Fb"},
+
+		// Empty and root.
+		{"", "/"},
+		{"/", "/"},
+		{"?x=1", "/"},
+		{"#frag", "/"},
+		{"//", "/"},
+		{"///", "/"},
+
+		// Dot segments, never above the root, trailing slash as RFC 3986.
+		{"/..", "/"},
+		{"/../..", "/"},
+		{"/../../etc/passwd", "/etc/passwd"},
+		{"/.", "/"},
+		{"/a/.", "/a/"},
+		{"/a/..", "/"},
+		{"/a/b/..", "/a/"},
+		{"/a/b/../c", "/a/c"},
+		{"/a/b/../../../c", "/c"},
+		{"/a//b///c", "/a/b/c"},
+		{"/a/b/", "/a/b/"},
+		{"/a/b//", "/a/b/"},
+		{"/...", "/..."},
+		{"/a/.../b", "/a/.../b"},
+		{"/.a/..b/b..", "/.a/..b/b.."},
+		{"/%2E", "/"},
+		{"/%2e%2E", "/"},
+		{"/a/.%2e/b", "/b"},
+		{"/a/%2e./b", "/b"},
+
+		// Escapes: unreserved decoded, others kept upper-case.
+		{"/%41%62%63", "/Abc"},
+		{"/%2D%2e%5F%7E", "/-._~"},
+		{"/%2f", "/%2F"},
+		{"/a%2F..%2Fadmin", "/a%2F..%2Fadmin"},
+		{"/%c3%a9", "/%C3%A9"},
+		{"/%3f", "/%3F"},
+		{"/%25", "/%25"},
+		{"/%2541", "/%2541"},
+		{"/%", "/%25"},
+		{"/%4", "/%254"},
+		{"/%zz", "/%25zz"},
+		{"/%%34%31", "/%2541"},
+		{"/a%20b", "/a%20b"},
+		{"/a b", "/a%20b"},
+		{"/caf\xc3\xa9", "/caf%C3%A9"},
+		{"/\x00\x7f", "/%00%7F"},
+		{"/a\\b", "/a%5Cb"},
+		{"/{x}", "/%7Bx%7D"},
+		{"/a:b@c!$&'()*+,;=", "/a:b@c!$&'()*+,;="},
+
+		// Query and fragment.
+		{"/a?b/../c", "/a"},
+		{"/a#b?c", "/a"},
+		{"/a%3Fb?c", "/a%3Fb"},
+
+		// Absolute form and other non-origin forms.
+		{"http://example.com/a/../b?x", "/b"},
+		{"https://example.com", "/"},
+		{"https://example.com?x", "/"},
+		{"HTTP://u@h:80//p", "/p"},
+		{"svn+ssh://h/p", "/p"},
+		{"admin", "/admin"},
+		{"*", "/*"},
+		{"http:/x", "/http:/x"},
+		{"1http://h/p", "/1http:/h/p"},
+	}
+	for _, tt := range tests {
+		got := NormalizeRoute(nil, []byte(tt.in))
+		if string(got) != tt.want {
+			t.Errorf("NormalizeRoute(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestNormalizeRouteAppendsToDst(t *testing.T) {
+	dst := []byte("keep/")
+	got := NormalizeRoute(dst, []byte("/../../x"))
+	if string(got) != "keep//x" {
+		t.Fatalf("got %q, want %q: '..' must not eat into dst", got, "keep//x")
+	}
+}
+
+// checkRoute reports how r breaks NormalizeRoute's invariants, or "".
+func checkRoute(r []byte) string {
+	switch {
+	case len(r) == 0 || r[0] != '/':
+		return "does not start with /"
+	case bytes.Contains(r, []byte("//")):
+		return "contains //"
+	case bytes.Contains(r, []byte("/./")) || bytes.HasSuffix(r, []byte("/.")):
+		return "contains a . segment"
+	case bytes.Contains(r, []byte("/../")) || bytes.HasSuffix(r, []byte("/..")):
+		return "contains a .. segment"
+	case bytes.ContainsAny(r, "?#"):
+		return "contains a query or fragment"
+	}
+	for _, c := range r {
+		if c <= ' ' || c >= 0x7f {
+			return "contains a byte that is not printable ASCII"
+		}
+	}
+	return ""
+}
+
+func FuzzNormalizeRoute(f *testing.F) {
+	for _, s := range []string{
+		"", "/", "//x", "/a/../admin", "/%2e%2e/admin", "/admin?x", "/a/./b/",
+		"/%7euser", "/a%2fb", "/%%34%31", "http://h/a/../b", "/a/b/..", "/\xff%",
+		"/.%2e/.%2E/x", "a://b", "/%25%32%65",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, uri []byte) {
+		r := NormalizeRoute(nil, uri)
+		if why := checkRoute(r); why != "" {
+			t.Fatalf("NormalizeRoute(%q) = %q: %s", uri, r, why)
+		}
+		if again := NormalizeRoute(nil, r); !bytes.Equal(again, r) {
+			t.Fatalf("not idempotent: %q -> %q -> %q", uri, r, again)
+		}
+	})
+}

@@ -1,0 +1,130 @@
+package limits
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// Key layout (DESIGN §5): <prefix>:{<rule>:<identity>}:<suffix>
+//
+// The identity is the rule's key parts joined by '|', each value escaped so
+// that only [A-Za-z0-9._~/:@-] stays literal and every other byte becomes %XX.
+// '|', '{', '}', '%', '=' and '#' are therefore never literal inside a value,
+// which makes the encoding injective (two different identities never give the
+// same string) and keeps the Redis Cluster hash tag intact. An anonymous user
+// encodes as "=" + ip, which no escaped user name can start with. When the
+// encoded identity is longer than maxIdentity it is replaced by "#" followed
+// by 32 hex digits of its SHA-256, so keys stay short whatever the headers hold.
+
+// maxIdentity bounds the literal identity part of a key.
+const maxIdentity = 96
+
+// hashedIdentityLen is len("#") + 32 hex digits.
+const hashedIdentityLen = 33
+
+// MaxKeyLen is the longest key AppendKey can produce for a valid rule
+// (prefix <= 32, rule name <= 64).
+const MaxKeyLen = 32 + 2 + 64 + 1 + maxIdentity + 2 + 2
+
+var literal = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for _, c := range "._~/:@-" {
+		t[c] = true
+	}
+	return t
+}()
+
+const hexDigits = "0123456789ABCDEF"
+
+// appendEscaped appends v with every non-literal byte as %XX.
+func appendEscaped(dst, v []byte) []byte {
+	for _, c := range v {
+		if literal[c] {
+			dst = append(dst, c)
+		} else {
+			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
+		}
+	}
+	return dst
+}
+
+// Suffix returns the short key suffix of an algorithm. The algorithm is part
+// of the key so that switching a rule's algorithm never reads the other
+// algorithm's state.
+func (a Algorithm) Suffix() string {
+	switch a {
+	case FixedWindow:
+		return "fw"
+	case SlidingLog:
+		return "sl"
+	case SlidingWindow:
+		return "sw"
+	case GCRA:
+		return "gc"
+	case TokenBucket:
+		return "tb"
+	}
+	return "xx"
+}
+
+// AppendIdentity appends the escaped identity of req for rule r. ok is false
+// when the rule does not apply (a `user` key with anonymous: skip and no user).
+func AppendIdentity(dst []byte, r *Rule, req *Request) (out []byte, ok bool) {
+	for i, p := range r.Key {
+		if i > 0 {
+			dst = append(dst, '|')
+		}
+		switch p.Kind {
+		case KeyIP:
+			dst = appendEscaped(dst, req.IP)
+		case KeyUser:
+			if len(req.User) == 0 {
+				if r.Anonymous == AnonymousSkip {
+					return dst, false
+				}
+				dst = append(dst, '=')
+				dst = appendEscaped(dst, req.IP)
+			} else {
+				dst = appendEscaped(dst, req.User)
+			}
+		case KeyRoute:
+			dst = appendEscaped(dst, req.Route)
+		case KeyMethod:
+			dst = appendEscaped(dst, req.Method)
+		case KeyHost:
+			dst = appendEscaped(dst, req.Host)
+		case KeyHeader:
+			if req.Headers != nil {
+				dst = appendEscaped(dst, req.Headers.Peek(p.Header))
+			}
+		}
+	}
+	return dst, true
+}
+
+// AppendKey appends the full store key for rule r and an identity already
+// produced by AppendIdentity.
+func AppendKey(dst []byte, prefix string, r *Rule, identity []byte) []byte {
+	dst = append(dst, prefix...)
+	dst = append(dst, ":{"...)
+	dst = append(dst, r.Name...)
+	dst = append(dst, ':')
+	if len(identity) > maxIdentity {
+		sum := sha256.Sum256(identity)
+		dst = append(dst, '#')
+		dst = hex.AppendEncode(dst, sum[:16])
+	} else {
+		dst = append(dst, identity...)
+	}
+	dst = append(dst, "}:"...)
+	dst = append(dst, r.Algorithm.Suffix()...)
+	return dst
+}

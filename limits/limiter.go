@@ -1,0 +1,149 @@
+package limits
+
+import (
+	"context"
+
+	"sync/atomic"
+)
+
+// Verdict is one matching rule's outcome within a Decision.
+type Verdict struct {
+	Rule   *Rule
+	Cost   int64
+	Result Result
+}
+
+// Decision is the outcome of one request. The handler owns it and may reuse
+// it across requests (Decide resets it).
+type Decision struct {
+	// Admitted is false when some non-shadow rule denied the request.
+	Admitted bool
+	// Verdicts has one entry per matching rule, in rule order, shadow rules included.
+	Verdicts []Verdict
+	// Denier is the index in Verdicts of the rule that denied, or -1. When
+	// several rules deny, it is the one whose quota returns last.
+	Denier int
+
+	keyBuf []byte
+	ident  []byte
+	batch  Batch
+	res    []Result
+}
+
+// Limiter matches requests against the current rules and asks the store.
+// It is safe for concurrent use; SetRules swaps the rule set atomically, so a
+// request sees either the old rules or the new ones, never a mix.
+type Limiter struct {
+	store  Store
+	prefix string
+	rules  atomic.Pointer[[]*Rule]
+}
+
+// NewLimiter returns a limiter over store with the given key prefix and rules.
+func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
+	l := &Limiter{store: store, prefix: prefix}
+	l.SetRules(rules)
+	return l
+}
+
+// SetRules replaces the rule set. The slice must not be modified afterwards.
+func (l *Limiter) SetRules(rules []*Rule) { l.rules.Store(&rules) }
+
+// Rules returns the current rule set. Callers must not modify it.
+func (l *Limiter) Rules() []*Rule { return *l.rules.Load() }
+
+// Store returns the store the limiter decides with.
+func (l *Limiter) Store() Store { return l.store }
+
+// Prefix returns the key prefix.
+func (l *Limiter) Prefix() string { return l.prefix }
+
+// Decide evaluates every rule that matches req in one store call and fills d.
+// A request no rule matches is admitted without asking the store.
+func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
+	return l.decide(ctx, req, d, 0)
+}
+
+// DecideAt is Decide with the store's clock replaced by nowUS. Tests only.
+func (l *Limiter) DecideAt(ctx context.Context, req *Request, d *Decision, nowUS int64) error {
+	return l.decide(ctx, req, d, nowUS)
+}
+
+func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS int64) error {
+	rules := *l.rules.Load()
+	d.Admitted = true
+	d.Denier = -1
+	d.Verdicts = d.Verdicts[:0]
+	d.batch.Checks = d.batch.Checks[:0]
+	d.batch.NowUS = nowUS
+	for _, r := range rules {
+		if !r.Matches(req) {
+			continue
+		}
+		var ok bool
+		d.ident, ok = AppendIdentity(d.ident[:0], r, req)
+		if !ok {
+			continue
+		}
+		d.keyBuf = AppendKey(d.keyBuf[:0], l.prefix, r, d.ident)
+		cost := r.Cost
+		if req.Cost > 0 {
+			cost = req.Cost
+		}
+		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Cost: cost})
+		d.batch.Checks = append(d.batch.Checks, r.Check(string(d.keyBuf), cost))
+	}
+	if len(d.batch.Checks) == 0 {
+		return nil
+	}
+	if cap(d.res) < len(d.batch.Checks) {
+		d.res = make([]Result, len(d.batch.Checks))
+	}
+	d.res = d.res[:len(d.batch.Checks)]
+	admitted, err := l.store.Decide(ctx, &d.batch, d.res)
+	if err != nil {
+		return err
+	}
+	d.Admitted = admitted
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		v.Result = d.res[i]
+		if !admitted && !v.Result.Allowed && !v.Rule.Shadow {
+			if d.Denier < 0 || retryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS) {
+				d.Denier = i
+			}
+		}
+	}
+	return nil
+}
+
+// retryLater reports whether retry a is later than b, NeverFits being latest.
+func retryLater(a, b int64) bool {
+	if b == NeverFits {
+		return false
+	}
+	return a == NeverFits || a > b
+}
+
+// Check builds the store check of rule r for key with the given cost.
+func (r *Rule) Check(key string, cost int64) Check {
+	return Check{
+		Key:       key,
+		Algorithm: r.Algorithm,
+		Limit:     r.Limit,
+		PeriodUS:  PeriodUS(r.Period),
+		Burst:     r.Burst,
+		Cost:      cost,
+		Shadow:    r.Shadow,
+	}
+}
+
+// KeyFor returns the store key of rule r for req, and false when the rule
+// does not apply to req's identity (anonymous: skip). Used by the admin API.
+func (l *Limiter) KeyFor(r *Rule, req *Request) (string, bool) {
+	ident, ok := AppendIdentity(nil, r, req)
+	if !ok {
+		return "", false
+	}
+	return string(AppendKey(nil, l.prefix, r, ident)), true
+}

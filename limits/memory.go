@@ -1,0 +1,246 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sort"
+	"sync"
+	"time"
+)
+
+// memShards is the number of independently locked maps. A decision locks
+// only the shards its keys live in, in ascending order, so concurrent
+// decisions on unrelated keys rarely contend and never deadlock.
+const memShards = 64
+
+// MemoryStore is the embedded store: the same algorithms and the same
+// all-or-nothing batches as Redis, for one process. Keys expire like their
+// Redis twins and a janitor removes expired keys, so memory is bounded by the
+// number of keys active within their TTL, not by how many were ever seen.
+type MemoryStore struct {
+	seed   maphash.Seed
+	shards [memShards]memShard
+	now    func() int64
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+type memShard struct {
+	mu sync.Mutex
+	m  map[string]*state
+}
+
+// NewMemoryStore returns an in-memory store whose janitor sweeps expired
+// keys every second until Close.
+func NewMemoryStore() *MemoryStore {
+	return newMemoryStore(time.Second)
+}
+
+func newMemoryStore(sweep time.Duration) *MemoryStore {
+	s := &MemoryStore{
+		seed: maphash.MakeSeed(),
+		now:  func() int64 { return time.Now().UnixMicro() },
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*state)
+	}
+	go s.janitor(sweep)
+	return s
+}
+
+// Name implements Store.
+func (s *MemoryStore) Name() string { return "memory" }
+
+// Ping implements Store; the memory store always answers.
+func (s *MemoryStore) Ping(context.Context) error { return nil }
+
+// Close stops the janitor.
+func (s *MemoryStore) Close() error {
+	s.once.Do(func() { close(s.stop); <-s.done })
+	return nil
+}
+
+// Len returns the number of stored keys, expired ones not yet swept included.
+func (s *MemoryStore) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// TTL returns how long key has left to live, and false when it is absent.
+// It exists for tests and the admin API.
+func (s *MemoryStore) TTL(key string) (time.Duration, bool) {
+	sh := &s.shards[s.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st, ok := sh.m[key]
+	now := s.now()
+	if !ok || st.expireUS <= now {
+		return 0, false
+	}
+	return time.Duration(st.expireUS-now) * time.Microsecond, true
+}
+
+func (s *MemoryStore) shardOf(key string) int {
+	return int(maphash.String(s.seed, key) % memShards)
+}
+
+func (s *MemoryStore) janitor(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.sweep(s.now())
+		}
+	}
+}
+
+// sweep removes expired keys, one shard at a time so no lock is held long.
+func (s *MemoryStore) sweep(now int64) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, st := range sh.m {
+			if st.expireUS <= now {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+var errNoChecks = errors.New("memory store: results slice shorter than checks")
+
+// Decide implements Store.
+func (s *MemoryStore) Decide(_ context.Context, b *Batch, results []Result) (bool, error) {
+	n := len(b.Checks)
+	if len(results) < n {
+		return false, errNoChecks
+	}
+	for i := range b.Checks {
+		if algos[b.Checks[i].Algorithm] == nil {
+			return false, fmt.Errorf("memory store: algorithm %q not implemented", b.Checks[i].Algorithm)
+		}
+	}
+	var idx [8]int
+	shards := idx[:0]
+	for i := range b.Checks {
+		shards = append(shards, s.shardOf(b.Checks[i].Key))
+	}
+	sort.Ints(shards)
+	for i, sh := range shards {
+		if i == 0 || sh != shards[i-1] {
+			s.shards[sh].mu.Lock()
+		}
+	}
+	defer func() {
+		for i, sh := range shards {
+			if i == 0 || sh != shards[i-1] {
+				s.shards[sh].mu.Unlock()
+			}
+		}
+	}()
+
+	now := b.NowUS
+	if now == 0 {
+		now = s.now()
+	}
+	var nextBuf [8]state
+	var storeBuf [8]bool
+	next, store := nextBuf[:0], storeBuf[:0]
+	admitted := true
+	for i := range b.Checks {
+		c := &b.Checks[i]
+		st := s.load(c.Key, now)
+		r, nx, ok := algos[c.Algorithm](&st, now, c)
+		results[i] = r
+		next = append(next, nx)
+		store = append(store, ok && r.Allowed && c.Cost > 0)
+		if !r.Allowed && !c.Shadow {
+			admitted = false
+		}
+	}
+	if !admitted {
+		// Nothing is consumed: report every rule's quota as it stands.
+		for i := range b.Checks {
+			if results[i].Allowed {
+				results[i] = s.peekLocked(&b.Checks[i], now)
+			}
+		}
+		return false, nil
+	}
+	for i := range b.Checks {
+		if store[i] {
+			s.put(b.Checks[i].Key, next[i])
+		}
+	}
+	return true, nil
+}
+
+// load returns a copy of key's state, or the zero state when absent or expired.
+func (s *MemoryStore) load(key string, now int64) state {
+	st := s.shards[s.shardOf(key)].m[key]
+	if st == nil || st.expireUS <= now {
+		return state{}
+	}
+	return *st
+}
+
+func (s *MemoryStore) put(key string, st state) {
+	sh := &s.shards[s.shardOf(key)]
+	if p := sh.m[key]; p != nil {
+		*p = st
+		return
+	}
+	sh.m[key] = &st
+}
+
+func (s *MemoryStore) peekLocked(c *Check, now int64) Result {
+	st := s.load(c.Key, now)
+	pc := *c
+	pc.Cost = 0
+	r, _, _ := algos[c.Algorithm](&st, now, &pc)
+	return r
+}
+
+// Peek implements Store.
+func (s *MemoryStore) Peek(_ context.Context, c Check) (Result, error) {
+	return s.PeekAt(c, 0)
+}
+
+// PeekAt is Peek with the clock replaced by nowUS when non-zero. Tests only.
+func (s *MemoryStore) PeekAt(c Check, nowUS int64) (Result, error) {
+	if algos[c.Algorithm] == nil {
+		return Result{}, fmt.Errorf("memory store: algorithm %q not implemented", c.Algorithm)
+	}
+	sh := &s.shards[s.shardOf(c.Key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if nowUS == 0 {
+		nowUS = s.now()
+	}
+	return s.peekLocked(&c, nowUS), nil
+}
+
+// Reset implements Store.
+func (s *MemoryStore) Reset(_ context.Context, c Check) error {
+	sh := &s.shards[s.shardOf(c.Key)]
+	sh.mu.Lock()
+	delete(sh.m, c.Key)
+	sh.mu.Unlock()
+	return nil
+}

@@ -115,8 +115,8 @@ func TestFixedWindowTimeline(t *testing.T) {
 			{0, 1, false, 0, 49 * time.Second, 49 * time.Second},
 			{48*time.Second + 999*time.Millisecond, 1, false, 0, time.Millisecond, time.Millisecond},
 			{time.Millisecond, 1, true, 4, 0, time.Minute}, // new window aligned to the epoch
-			{0, 6, false, 4, neverFits, time.Minute},     // cost above the limit never fits
-			{0, 0, true, 4, 0, time.Minute},              // cost 0 looks without consuming
+			{0, 6, false, 4, neverFits, time.Minute},       // cost above the limit never fits
+			{0, 0, true, 4, 0, time.Minute},                // cost 0 looks without consuming
 		})
 	})
 }

@@ -1,0 +1,46 @@
+# rategate — `make test` is the one command that runs every test on a fresh
+# Debian machine: it installs what the tests need when it is missing, then
+# runs vet, the unit and integration tests with -race, and the e2e suite.
+
+GO ?= go
+APT_PACKAGES := redis-server nginx libnginx-mod-http-lua curl
+
+.PHONY: test deps vet unit e2e run build check fmt
+
+test: deps vet unit e2e
+
+# Install the real servers the tests use when a binary is missing.
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v nginx >/dev/null 2>&1 || missing="$$missing nginx"; \
+	test -e /usr/lib/nginx/modules/ngx_http_lua_module.so || missing="$$missing libnginx-mod-http-lua"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES) >/dev/null || exit 1; \
+	fi
+	@redis-server --version | head -1; nginx -v 2>&1
+
+fmt:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet: fmt
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 -timeout 10m ./...
+
+e2e:
+	@if [ -x e2e/run.sh ]; then bash e2e/run.sh; else echo "e2e: no suite yet"; fi
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o rategate .
+
+run:
+	$(GO) run .
+
+check:
+	$(GO) run . -check -config $(CONFIG)

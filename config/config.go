@@ -1,0 +1,207 @@
+// Package config loads rategate's YAML configuration (DESIGN.md §4), fills in
+// defaults, validates everything at once and compiles the rules into
+// []*limits.Rule.
+//
+// Validation is pure (no network, no globals) and reports every problem in
+// one go, each naming the file, the rule and the field:
+//
+//	rategate.yaml: rules[2] "login": burst must be >= 1, got 0
+//	rategate.yaml: redis.timeout: must be > 0, got -1s
+//
+// Problems found while reading the YAML itself (syntax, unknown keys, a list
+// where a number belongs) also carry the line:
+//
+//	rategate.yaml: rules[0] "login": line 9: unknown key "limt" (did you mean "limit"?)
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/rategate/rategate/limits"
+)
+
+// ExampleSource is the Source of the built-in example policy.
+const ExampleSource = "built-in example policy"
+
+// Config is a validated configuration. Fields the file leaves out hold their
+// defaults, except Listen, LogLevel and Admin.Listen, which stay "" so that
+// main can apply flag > env > file > default.
+type Config struct {
+	// Source is the file path as given to Load (the name given to Parse),
+	// or ExampleSource.
+	Source string
+	// Listen is the top-level `listen:`; "" when the file does not set it.
+	Listen string
+	// LogLevel is `log_level:` (trace, debug, info, warn, error); "" when not set.
+	LogLevel string
+	Redis    Redis
+	// FailureMode says what to do when the store is unreachable: allow
+	// (default), deny (503) or local (per-process limits, see LocalShare).
+	FailureMode string
+	// LocalShare divides each limit in failure_mode local, where every
+	// instance counts on its own: set it to the number of instances. Default 1.
+	LocalShare int
+	// DenyStatus is the status of a denial: 429 (default) or 403.
+	DenyStatus int
+	Admin      Admin
+	Identity   Identity
+	// Rules are the compiled rules in file order; never nil.
+	Rules []*limits.Rule
+}
+
+// Redis is the `redis:` block. At most one of URL, ClusterAddrs and
+// Sentinel.Master is set; none means the in-memory store.
+type Redis struct {
+	// URL is redis:// or rediss://, possibly with credentials and /db.
+	URL string
+	// ClusterAddrs are Redis Cluster seed nodes, host:port.
+	ClusterAddrs []string
+	Sentinel     Sentinel
+	// Username and Password authenticate to Redis (cluster and sentinel
+	// topologies; a URL may carry its own).
+	Username string
+	Password string
+	// KeyPrefix starts every key; default "rg".
+	KeyPrefix string
+	// Timeout is the budget of one decision's Redis round trip; default 50ms.
+	Timeout time.Duration
+}
+
+// Sentinel is `redis.sentinel:`; Master is "" when Sentinel is not used.
+type Sentinel struct {
+	Master string
+	Addrs  []string
+	// Password authenticates to the sentinels themselves.
+	Password string
+}
+
+// Admin is the `admin:` block.
+type Admin struct {
+	// Token, when set, is required as "Authorization: Bearer <token>".
+	Token string
+	// Listen is `admin.listen`; "" when the file does not set it.
+	Listen string
+}
+
+// Identity is the `identity:` block: where the caller's identity comes from.
+// Header names are canonical (net/textproto.CanonicalMIMEHeaderKey).
+type Identity struct {
+	UserHeader string // default X-User-Id
+	// IPHeader is X-Real-IP (default) or X-Forwarded-For (walked right to
+	// left past TrustedProxies), or any other header holding one IP.
+	IPHeader string
+	// TrustedProxies default to 127.0.0.0/8 and ::1/128. An explicit empty
+	// list trusts no proxy.
+	TrustedProxies []netip.Prefix
+	// Anonymous is copied into every rule.
+	Anonymous    limits.Anonymous
+	URIHeader    string // default X-Original-URI
+	MethodHeader string // default X-Original-Method
+	HostHeader   string // default X-Original-Host
+	// CostHeader carries a request's weight; "" (default) = off.
+	CostHeader string
+	// MaxCost bounds the cost header; default 100, at most 1e6.
+	MaxCost int64
+}
+
+// Errors is every problem validation found, in file order. Parse and Load
+// return it as their error.
+type Errors []error
+
+// Error joins the problems with newlines.
+func (e Errors) Error() string {
+	var b strings.Builder
+	for i, err := range e {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap lets errors.Is and errors.As look at each problem.
+func (e Errors) Unwrap() []error { return e }
+
+// Load reads and validates the config file at path. Every error names path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		// *fs.PathError already names the path: "open x.yaml: no such file or directory".
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse validates data, naming it name in every error. An empty document is
+// a valid configuration with no rules. On failure the error is Errors.
+func Parse(name string, data []byte) (*Config, error) {
+	d := &decoder{}
+	raw := &rawConfig{}
+	if root := d.document(data); root != nil {
+		d.fields(root, where{}, raw)
+	}
+	c := validate(d, raw)
+	c.Source = name
+	if errs := d.errors(name); errs != nil {
+		return nil, errs
+	}
+	return c, nil
+}
+
+// document parses data into its root node; nil for an empty document or a
+// syntax error (reported).
+func (d *decoder) document(data []byte) *yaml.Node {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if !errors.Is(err, io.EOF) {
+			d.syntax(err)
+		}
+		return nil
+	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case err == nil:
+		d.add(next.Line, "", "line %d: only one YAML document is allowed (found a second one after ---)", next.Line)
+	case !errors.Is(err, io.EOF):
+		d.syntax(err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return nil
+	}
+	return doc.Content[0]
+}
+
+// syntax reports a YAML parse error ("yaml: line 3: mapping values are not
+// allowed in this context") without the "yaml: " prefix.
+func (d *decoder) syntax(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	fmt.Sscanf(msg, "line %d:", &line)
+	d.add(line, "", "%s", msg)
+}
+
+//go:embed example.yaml
+var exampleYAML []byte
+
+// Example returns the built-in example policy, which rategate runs when no
+// config file is given. The embedded file is valid (tested), so Example
+// never fails in a released binary.
+func Example() *Config {
+	c, err := Parse(ExampleSource, exampleYAML)
+	if err != nil {
+		panic("config: the embedded example.yaml is invalid: " + err.Error())
+	}
+	return c
+}

@@ -1,0 +1,143 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/rategate/rategate/limits"
+)
+
+// Describe returns the configuration as `rategate -check` prints it: the
+// source, the store, the failure mode, the identity headers and one block per
+// rule with every effective value (defaults filled in). Secrets (passwords,
+// the admin token) are never printed.
+func (c *Config) Describe() string {
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "%-14s %s\n", label+":", fmt.Sprintf(format, args...))
+	}
+	line("source", "%s", c.Source)
+	if c.Listen != "" {
+		line("listen", "%s", c.Listen)
+	}
+	if c.Admin.Listen != "" {
+		line("admin listen", "%s", c.Admin.Listen)
+	}
+	if c.Admin.Token != "" {
+		line("admin token", "set (admin calls need \"Authorization: Bearer <token>\")")
+	}
+	if c.LogLevel != "" {
+		line("log level", "%s", c.LogLevel)
+	}
+	line("store", "%s", c.Redis.describe())
+	mode := c.FailureMode
+	switch mode {
+	case "allow":
+		mode += " (store unreachable: admit every request)"
+	case "deny":
+		mode += " (store unreachable: answer 503)"
+	case "local":
+		mode += fmt.Sprintf(" (store unreachable: per-process limits divided by local_share %d)", c.LocalShare)
+	}
+	line("failure mode", "%s", mode)
+	line("deny status", "%d", c.DenyStatus)
+	id := &c.Identity
+	proxies := make([]string, len(id.TrustedProxies))
+	for i, p := range id.TrustedProxies {
+		proxies[i] = p.String()
+	}
+	trusted := strings.Join(proxies, ", ")
+	if trusted == "" {
+		trusted = "none"
+	}
+	anon := "keyed by client IP"
+	if id.Anonymous == limits.AnonymousSkip {
+		anon = "skip rules keyed on user"
+	}
+	line("identity", "user %s, ip %s (trusted proxies: %s), anonymous users: %s", id.UserHeader, id.IPHeader, trusted, anon)
+	cost := "off"
+	if id.CostHeader != "" {
+		cost = fmt.Sprintf("%s (at most %d)", id.CostHeader, id.MaxCost)
+	}
+	line("headers", "uri %s, method %s, host %s, cost %s", id.URIHeader, id.MethodHeader, id.HostHeader, cost)
+	if len(c.Rules) == 0 {
+		line("rules", "none (every request is allowed)")
+	} else {
+		line("rules", "%d, every matching rule is evaluated", len(c.Rules))
+	}
+	for _, r := range c.Rules {
+		b.WriteByte('\n')
+		describeRule(&b, r)
+	}
+	return b.String()
+}
+
+func (r *Redis) describe() string {
+	switch {
+	case r.URL != "":
+		shown := "(unparsable URL)"
+		if u, err := url.Parse(r.URL); err == nil {
+			shown = u.Redacted()
+		}
+		return fmt.Sprintf("redis %s, key prefix %q, timeout %s", shown, r.KeyPrefix, FormatDuration(r.Timeout))
+	case len(r.ClusterAddrs) > 0:
+		return fmt.Sprintf("redis cluster %s, key prefix %q, timeout %s", strings.Join(r.ClusterAddrs, ", "), r.KeyPrefix, FormatDuration(r.Timeout))
+	case r.Sentinel.Master != "":
+		return fmt.Sprintf("redis sentinel master %q via %s, key prefix %q, timeout %s", r.Sentinel.Master, strings.Join(r.Sentinel.Addrs, ", "), r.KeyPrefix, FormatDuration(r.Timeout))
+	}
+	return "in-memory (no redis configured: limits hold per process)"
+}
+
+func describeRule(b *strings.Builder, r *limits.Rule) {
+	field := func(label, format string, args ...any) {
+		fmt.Fprintf(b, "  %-11s %s\n", label+":", fmt.Sprintf(format, args...))
+	}
+	fmt.Fprintf(b, "rule %q\n", r.Name)
+	field("match", "%s", describeMatch(&r.Match))
+	if len(r.Key) == 0 {
+		field("key", "none (one global counter)")
+	} else {
+		parts := make([]string, len(r.Key))
+		for i, p := range r.Key {
+			parts[i] = p.String()
+		}
+		field("key", "%s", strings.Join(parts, ", "))
+	}
+	field("algorithm", "%s", r.Algorithm)
+	field("limit", "%d per %s", r.Limit, FormatDuration(r.Period))
+	if r.Algorithm.UsesBurst() {
+		field("burst", "%d", r.Burst)
+	} else {
+		field("burst", "none (%s counts up to the limit)", r.Algorithm)
+	}
+	field("cost", "%d", r.Cost)
+	if r.Shadow {
+		field("shadow", "yes (evaluated and reported, never denies)")
+	} else {
+		field("shadow", "no")
+	}
+}
+
+func describeMatch(m *limits.Match) string {
+	var conds []string
+	switch {
+	case m.PathRegex != nil:
+		conds = append(conds, "path ~"+m.PathRegex.String())
+	case m.PathPrefix != "":
+		conds = append(conds, "path prefix "+m.PathPrefix)
+	}
+	if len(m.Methods) > 0 {
+		conds = append(conds, "methods "+strings.Join(m.Methods, ", "))
+	}
+	if m.Host != "" {
+		conds = append(conds, "host "+m.Host)
+	}
+	for _, h := range m.Headers {
+		conds = append(conds, fmt.Sprintf("header %s: %q", h.Name, h.Value))
+	}
+	if len(conds) == 0 {
+		return "every request"
+	}
+	return strings.Join(conds, "; ")
+}

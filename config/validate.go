@@ -1,0 +1,626 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"net"
+	"net/netip"
+	"net/textproto"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+)
+
+// Bounds of the configuration.
+const (
+	// maxLimit bounds limit and burst.
+	maxLimit = 1_000_000_000
+	// maxSpan bounds a period, and the time a gcra or token_bucket bucket
+	// takes to refill (burst*period/limit): 400 days in microseconds stays
+	// far below 2^53, so the Redis scripts' double arithmetic is exact.
+	maxSpan = 400 * 24 * time.Hour
+	// maxCostLimit bounds identity.max_cost.
+	maxCostLimit = 1_000_000
+
+	maxTimeout = 10 * time.Second
+)
+
+// Defaults of the configuration.
+const (
+	defaultKeyPrefix    = "rg"
+	defaultTimeout      = 50 * time.Millisecond
+	defaultFailureMode  = "allow"
+	defaultDenyStatus   = 429
+	defaultUserHeader   = "X-User-Id"
+	defaultIPHeader     = "X-Real-IP"
+	defaultURIHeader    = "X-Original-URI"
+	defaultMethodHeader = "X-Original-Method"
+	defaultHostHeader   = "X-Original-Host"
+	defaultMaxCost      = 100
+)
+
+// defaultTrustedProxies returns the proxies trusted when identity.trusted_proxies is omitted.
+func defaultTrustedProxies() []netip.Prefix {
+	return []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+}
+
+var (
+	ruleNameRE  = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+	keyPrefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+	logLevels   = []string{"trace", "debug", "info", "warn", "error"}
+)
+
+// validate checks everything decoded into raw, reporting to d, and returns
+// the compiled configuration (meaningful only when d has no problems).
+func validate(d *decoder, raw *rawConfig) *Config {
+	c := &Config{
+		FailureMode: defaultFailureMode,
+		LocalShare:  1,
+		DenyStatus:  defaultDenyStatus,
+		Rules:       []*limits.Rule{},
+	}
+	if v := &raw.Listen; v.ok() {
+		c.Listen = v.V
+		if msg := checkListen(v.V); msg != "" {
+			d.add(v.Line, "listen", "%s", msg)
+		}
+	}
+	if v := &raw.LogLevel; v.ok() {
+		c.LogLevel = strings.ToLower(v.V)
+		if !slices.Contains(logLevels, c.LogLevel) {
+			d.add(v.Line, "log_level", "must be one of %s; got %q", strings.Join(logLevels, ", "), v.V)
+		}
+	}
+	validateRedis(d, &raw.Redis, &c.Redis)
+	if v := &raw.FailureMode; v.ok() {
+		c.FailureMode = v.V
+		if v.V != "allow" && v.V != "deny" && v.V != "local" {
+			d.add(v.Line, "failure_mode", "must be allow, deny or local, got %q", v.V)
+		}
+	}
+	if v := &raw.LocalShare; v.ok() {
+		c.LocalShare = int(v.V)
+		if msg := between(v.V, 1, maxLimit); msg != "" {
+			d.add(v.Line, "local_share", "%s", msg)
+		}
+	}
+	if v := &raw.DenyStatus; v.ok() {
+		c.DenyStatus = int(v.V)
+		if v.V != 429 && v.V != 403 {
+			d.add(v.Line, "deny_status", "must be 429 or 403, got %d", v.V)
+		}
+	}
+	if v := &raw.Admin.Token; v.ok() {
+		c.Admin.Token = v.V
+	}
+	if v := &raw.Admin.Listen; v.ok() {
+		c.Admin.Listen = v.V
+		if msg := checkListen(v.V); msg != "" {
+			d.add(v.Line, "admin.listen", "%s", msg)
+		}
+	}
+	validateIdentity(d, &raw.Identity, &c.Identity)
+	if raw.Rules.ok() {
+		names := map[string]int{}
+		for i := range raw.Rules.V {
+			rr := &raw.Rules.V[i]
+			if rr.Bad {
+				continue
+			}
+			c.Rules = append(c.Rules, compileRule(d, rr, i, names, c.Identity.Anonymous))
+		}
+	}
+	return c
+}
+
+func validateRedis(d *decoder, r *rawRedis, out *Redis) {
+	out.KeyPrefix = defaultKeyPrefix
+	out.Timeout = defaultTimeout
+	var topologies []string
+	if v := &r.URL; v.ok() && v.V != "" {
+		topologies = append(topologies, "url")
+		out.URL = v.V
+		if msg := checkRedisURL(v.V); msg != "" {
+			d.add(v.Line, "redis.url", "%s", msg)
+		}
+	}
+	if v := &r.ClusterAddrs; v.ok() && len(v.V) > 0 {
+		topologies = append(topologies, "cluster_addrs")
+		out.ClusterAddrs = v.V
+		checkAddrs(d, v, "redis.cluster_addrs")
+	}
+	if s := &r.Sentinel; !s.Bad && (s.Master.V != "" || len(s.Addrs.V) > 0 || s.Password.V != "") {
+		topologies = append(topologies, "sentinel")
+		out.Sentinel = Sentinel{Master: s.Master.V, Addrs: s.Addrs.V, Password: s.Password.V}
+		if s.Master.V == "" && !s.Master.Bad {
+			d.add(s.Line, "redis.sentinel.master", "is required when redis.sentinel is used")
+		}
+		if len(s.Addrs.V) == 0 && !s.Addrs.Bad {
+			d.add(s.Line, "redis.sentinel.addrs", "needs at least one host:port when redis.sentinel is used")
+		}
+		checkAddrs(d, &s.Addrs, "redis.sentinel.addrs")
+	}
+	if len(topologies) > 1 {
+		d.add(r.Line, "redis", "use only one of url, cluster_addrs and sentinel, got %s", strings.Join(topologies, " and "))
+	}
+	out.Username = r.Username.V
+	out.Password = r.Password.V
+	if v := &r.KeyPrefix; v.ok() {
+		out.KeyPrefix = v.V
+		if !keyPrefixRE.MatchString(v.V) {
+			d.add(v.Line, "redis.key_prefix", "must match %s, got %q", keyPrefixRE, v.V)
+		}
+	}
+	if v := &r.Timeout; v.ok() {
+		out.Timeout = v.V
+		switch {
+		case v.V <= 0:
+			d.add(v.Line, "redis.timeout", "must be > 0, got %s", FormatDuration(v.V))
+		case v.V > maxTimeout:
+			d.add(v.Line, "redis.timeout", "must be <= %s, got %s", FormatDuration(maxTimeout), FormatDuration(v.V))
+		}
+	}
+}
+
+func checkAddrs(d *decoder, v *opt[[]string], path string) {
+	for i, a := range v.V {
+		if msg := checkHostPort(a); msg != "" {
+			d.add(v.Line, fmt.Sprintf("%s[%d]", path, i), "%s", msg)
+		}
+	}
+}
+
+// checkRedisURL checks a redis:// URL the way go-redis will read it. The
+// message never repeats the URL: it may hold a password.
+func checkRedisURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Sprintf("is not a URL: %v", err)
+	}
+	switch u.Scheme {
+	case "redis", "rediss":
+	case "":
+		return "must start with redis:// or rediss://"
+	default:
+		return fmt.Sprintf("scheme must be redis or rediss, got %q", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return "has no host (redis://host:6379/0)"
+	}
+	if p := u.Port(); p != "" {
+		if msg := checkPort(p, 1); msg != "" {
+			return msg
+		}
+	}
+	if db := strings.TrimPrefix(u.Path, "/"); db != "" {
+		if n, err := strconv.Atoi(db); err != nil || n < 0 {
+			return fmt.Sprintf("database must be a number such as /0, got %q", u.Path)
+		}
+	}
+	return ""
+}
+
+// checkHostPort checks a Redis node address.
+func checkHostPort(s string) string {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" {
+		return fmt.Sprintf("%q is not host:port", s)
+	}
+	return checkPort(port, 1)
+}
+
+// checkListen checks a listen address; ":8080" and port 0 are fine.
+func checkListen(s string) string {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil || port == "" {
+		return fmt.Sprintf("%q is not host:port (such as \":8080\" or \"127.0.0.1:8080\")", s)
+	}
+	return checkPort(port, 0)
+}
+
+func checkPort(p string, lowest int) string {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < lowest || n > 65535 {
+		return fmt.Sprintf("port must be a number from %d to 65535, got %q", lowest, p)
+	}
+	return ""
+}
+
+func validateIdentity(d *decoder, id *rawIdentity, out *Identity) {
+	out.UserHeader = header(d, &id.UserHeader, "identity.user_header", defaultUserHeader, false)
+	out.IPHeader = header(d, &id.IPHeader, "identity.ip_header", defaultIPHeader, false)
+	out.URIHeader = header(d, &id.URIHeader, "identity.uri_header", defaultURIHeader, false)
+	out.MethodHeader = header(d, &id.MethodHeader, "identity.method_header", defaultMethodHeader, false)
+	out.HostHeader = header(d, &id.HostHeader, "identity.host_header", defaultHostHeader, false)
+	out.CostHeader = header(d, &id.CostHeader, "identity.cost_header", "", true)
+	if v := &id.TrustedProxies; v.ok() {
+		out.TrustedProxies = make([]netip.Prefix, 0, len(v.V))
+		for i, s := range v.V {
+			p, ok := parsePrefix(s)
+			if !ok {
+				d.add(v.Line, fmt.Sprintf("identity.trusted_proxies[%d]", i), "%q is not an IP or CIDR", s)
+				continue
+			}
+			out.TrustedProxies = append(out.TrustedProxies, p)
+		}
+	} else {
+		out.TrustedProxies = defaultTrustedProxies()
+	}
+	if v := &id.Anonymous; v.ok() {
+		switch v.V {
+		case "ip":
+			out.Anonymous = limits.AnonymousIP
+		case "skip":
+			out.Anonymous = limits.AnonymousSkip
+		default:
+			d.add(v.Line, "identity.anonymous", "must be ip or skip, got %q", v.V)
+		}
+	}
+	out.MaxCost = defaultMaxCost
+	if v := &id.MaxCost; v.ok() {
+		out.MaxCost = v.V
+		if msg := between(v.V, 1, maxCostLimit); msg != "" {
+			d.add(v.Line, "identity.max_cost", "%s", msg)
+		}
+	}
+}
+
+// header validates and canonicalizes a header-name setting.
+func header(d *decoder, v *opt[string], path, def string, emptyOK bool) string {
+	if !v.ok() || (emptyOK && v.V == "") {
+		return def
+	}
+	if !validToken(v.V) {
+		d.add(v.Line, path, "%q is not a valid header name", v.V)
+		return def
+	}
+	return textproto.CanonicalMIMEHeaderKey(v.V)
+}
+
+// parsePrefix reads a CIDR or a bare IP (a /32 or /128).
+func parsePrefix(s string) (netip.Prefix, bool) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		return p.Masked(), err == nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+// validToken reports whether s is an RFC 9110 token (a header name or a method).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// compileRule validates rules[i] and builds it. names maps the names seen so
+// far to their index.
+func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limits.Anonymous) *limits.Rule {
+	at := func(line int, format string, args ...any) { d.add(line, rr.label, format, args...) }
+	r := &limits.Rule{Name: rr.Name.V, Cost: 1, Shadow: rr.Shadow.V, Anonymous: anon}
+
+	switch v := &rr.Name; {
+	case !v.Set:
+		at(rr.Line, "name is required")
+	case v.Bad:
+	case !ruleNameRE.MatchString(v.V):
+		at(v.Line, "name must match %s, got %q", ruleNameRE, v.V)
+	default:
+		if j, dup := names[v.V]; dup {
+			at(v.Line, "duplicate rule name %q (also rules[%d])", v.V, j)
+		} else {
+			names[v.V] = i
+		}
+	}
+
+	compileMatch(&rr.Match, &r.Match, at)
+
+	seen := map[limits.KeyPart]int{}
+	for j, s := range rr.Key.V {
+		p, msg := parseKeyPart(s)
+		if msg != "" {
+			at(rr.Key.Line, "key[%d] %q%s", j, s, msg)
+			continue
+		}
+		if k, dup := seen[p]; dup {
+			at(rr.Key.Line, "key[%d] %q repeats key[%d]", j, s, k)
+			continue
+		}
+		seen[p] = j
+		r.Key = append(r.Key, p)
+	}
+
+	algOK := false
+	switch v := &rr.Algorithm; {
+	case !v.Set:
+		at(rr.Line, "algorithm is required (one of %s)", algorithmList())
+	case v.Bad:
+	case !limits.Algorithm(v.V).Valid():
+		at(v.Line, "algorithm %q is unknown; use one of %s", v.V, algorithmList())
+	default:
+		r.Algorithm, algOK = limits.Algorithm(v.V), true
+	}
+
+	limitOK := false
+	switch v := &rr.Limit; {
+	case !v.Set:
+		at(rr.Line, "limit is required (requests per period)")
+	case v.Bad:
+	default:
+		r.Limit = v.V
+		if msg := checkLimit(v.V); msg != "" {
+			at(v.Line, "%s", msg)
+		} else {
+			limitOK = true
+		}
+	}
+
+	periodOK := false
+	switch v := &rr.Period; {
+	case !v.Set:
+		at(rr.Line, "period is required (such as 1s, 1m, 1h, 1d)")
+	case v.Bad:
+	default:
+		r.Period = v.V
+		if msg := checkPeriod(v.V); msg != "" {
+			at(v.Line, "%s", msg)
+		} else {
+			periodOK = true
+		}
+	}
+
+	r.Burst = r.Limit
+	burstOK := limitOK
+	if v := &rr.Burst; v.Set {
+		burstOK = false
+		switch {
+		case algOK && !r.Algorithm.UsesBurst():
+			at(v.Line, "burst is only for gcra and token_bucket, not %s", r.Algorithm)
+		case v.Bad:
+		default:
+			r.Burst = v.V
+			if msg := checkBurst(v.V); msg != "" {
+				at(v.Line, "%s", msg)
+			} else {
+				burstOK = true
+			}
+		}
+	}
+	if algOK && r.Algorithm.UsesBurst() && limitOK && periodOK && burstOK {
+		line := rr.Period.Line
+		if rr.Burst.Set {
+			line = rr.Burst.Line
+		}
+		if msg := checkFill(r.Burst, r.Period, r.Limit); msg != "" {
+			at(line, "%s", msg)
+		}
+	}
+
+	if v := &rr.Cost; v.ok() {
+		r.Cost = v.V
+		capOK := algOK && burstOK // for window algorithms Burst == Limit
+		if msg := checkCost(v.V, r.Algorithm, r.Burst, capOK); msg != "" {
+			at(v.Line, "%s", msg)
+		}
+	}
+	return r
+}
+
+func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format string, args ...any)) {
+	if v := &m.Path; v.ok() && v.V != "" {
+		switch {
+		case strings.HasPrefix(v.V, "~"):
+			expr := v.V[1:]
+			if expr == "" {
+				at(v.Line, "match.path regex is empty (omit path to match every route)")
+				break
+			}
+			re, err := regexp.Compile(expr)
+			if err != nil {
+				at(v.Line, "match.path regex %q does not compile: %v", expr, err)
+				break
+			}
+			out.PathRegex = re
+		case strings.HasPrefix(v.V, "/"):
+			out.PathPrefix = v.V
+		default:
+			at(v.Line, "match.path must be a prefix starting with \"/\" or a regex starting with \"~\", got %q", v.V)
+		}
+	}
+	for i, s := range m.Methods.V {
+		meth := strings.ToUpper(s)
+		if !validToken(meth) {
+			at(m.Methods.Line, "match.methods[%d] %q is not an HTTP method", i, s)
+			continue
+		}
+		if !slices.Contains(out.Methods, meth) {
+			out.Methods = append(out.Methods, meth)
+		}
+	}
+	if v := &m.Host; v.ok() && v.V != "" {
+		out.Host = strings.ToLower(v.V)
+		if strings.ContainsFunc(v.V, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '/' }) {
+			at(v.Line, "match.host %q is not a host name", v.V)
+		}
+	}
+	first := map[string]string{}
+	for _, h := range m.Header.V {
+		if !validToken(h.Name) {
+			at(h.Line, "match.header %q is not a valid header name", h.Name)
+			continue
+		}
+		name := textproto.CanonicalMIMEHeaderKey(h.Name)
+		if prev, dup := first[name]; dup {
+			at(h.Line, "match.header %q repeats %q", h.Name, prev)
+			continue
+		}
+		first[name] = h.Name
+		out.Headers = append(out.Headers, limits.HeaderMatch{Name: name, Value: []byte(h.Value)})
+	}
+	sort.Slice(out.Headers, func(i, j int) bool { return out.Headers[i].Name < out.Headers[j].Name })
+}
+
+// parseKeyPart reads one `key:` element; msg completes `key[1] "x"` on failure.
+func parseKeyPart(s string) (p limits.KeyPart, msg string) {
+	switch s {
+	case "ip":
+		return limits.KeyPart{Kind: limits.KeyIP}, ""
+	case "user":
+		return limits.KeyPart{Kind: limits.KeyUser}, ""
+	case "route":
+		return limits.KeyPart{Kind: limits.KeyRoute}, ""
+	case "method":
+		return limits.KeyPart{Kind: limits.KeyMethod}, ""
+	case "host":
+		return limits.KeyPart{Kind: limits.KeyHost}, ""
+	}
+	if name, ok := strings.CutPrefix(s, "header:"); ok {
+		if !validToken(name) {
+			return p, fmt.Sprintf(": %q is not a valid header name", name)
+		}
+		return limits.KeyPart{Kind: limits.KeyHeader, Header: textproto.CanonicalMIMEHeaderKey(name)}, ""
+	}
+	return p, " must be one of ip, user, route, method, host, header:<Name>"
+}
+
+func algorithmList() string {
+	names := make([]string, len(limits.Algorithms))
+	for i, a := range limits.Algorithms {
+		names[i] = string(a)
+	}
+	return strings.Join(names, ", ")
+}
+
+// between returns "" when lo <= v <= hi, else the problem.
+func between(v, lo, hi int64) string {
+	if v < lo {
+		return fmt.Sprintf("must be >= %d, got %d", lo, v)
+	}
+	if v > hi {
+		return fmt.Sprintf("must be <= %d, got %d", hi, v)
+	}
+	return ""
+}
+
+// The check functions below return "" or a complete problem naming the
+// field; Parse and CheckRule share them so file and runtime overrides obey
+// the same bounds.
+
+func checkLimit(v int64) string {
+	if msg := between(v, 1, maxLimit); msg != "" {
+		return "limit " + msg
+	}
+	return ""
+}
+
+func checkBurst(v int64) string {
+	if msg := between(v, 1, maxLimit); msg != "" {
+		return "burst " + msg
+	}
+	return ""
+}
+
+func checkPeriod(p time.Duration) string {
+	switch {
+	case p < time.Millisecond:
+		return "period must be >= 1ms, got " + FormatDuration(p)
+	case p%time.Millisecond != 0:
+		return "period must be a whole number of milliseconds, got " + FormatDuration(p)
+	case p > maxSpan:
+		return "period must be <= " + FormatDuration(maxSpan) + ", got " + FormatDuration(p)
+	}
+	return ""
+}
+
+// checkFill bounds the time a full bucket takes to refill, burst*period/limit.
+func checkFill(burst int64, period time.Duration, limit int64) string {
+	// burst*period <= maxSpan*limit, in 128 bits: both sides overflow int64.
+	hi1, lo1 := bits.Mul64(uint64(burst), uint64(period))
+	hi2, lo2 := bits.Mul64(uint64(maxSpan), uint64(limit))
+	if hi1 < hi2 || (hi1 == hi2 && lo1 <= lo2) {
+		return ""
+	}
+	days := float64(burst) / float64(limit) * period.Hours() / 24
+	return fmt.Sprintf("burst %d at %d per %s takes %.1f days to refill; burst*period/limit must be <= %s to keep the Redis scripts' double arithmetic exact",
+		burst, limit, FormatDuration(period), days, FormatDuration(maxSpan))
+}
+
+// checkCost checks a rule's default cost against what its bucket can hold:
+// burst for gcra and token_bucket, limit (== burst) for the window
+// algorithms. capOK is false when that bound is itself invalid.
+func checkCost(cost int64, alg limits.Algorithm, burst int64, capOK bool) string {
+	if cost < 1 {
+		return fmt.Sprintf("cost must be >= 1, got %d", cost)
+	}
+	if capOK && cost > burst {
+		what := "limit"
+		if alg.UsesBurst() {
+			what = "burst"
+		}
+		return fmt.Sprintf("cost %d is more than the %s (%d): such a request could never be allowed", cost, what, burst)
+	}
+	return ""
+}
+
+// CheckRule checks a compiled rule's algorithm and numbers (limit, period,
+// burst, cost) against the bounds Parse enforces, so that a runtime override
+// can never make a rule the file could not. For the window algorithms Burst
+// must equal Limit, as Parse leaves it. The error is Errors of messages such
+// as "burst must be >= 1, got 0", without file or rule.
+func CheckRule(r *limits.Rule) error {
+	var errs Errors
+	add := func(msg string) {
+		if msg != "" {
+			errs = append(errs, errors.New(msg))
+		}
+	}
+	algOK := r.Algorithm.Valid()
+	if !algOK {
+		add(fmt.Sprintf("algorithm %q is unknown; use one of %s", r.Algorithm, algorithmList()))
+	}
+	limitMsg, periodMsg := checkLimit(r.Limit), checkPeriod(r.Period)
+	add(limitMsg)
+	add(periodMsg)
+	capOK := algOK && limitMsg == ""
+	if r.Algorithm.UsesBurst() {
+		burstMsg := checkBurst(r.Burst)
+		add(burstMsg)
+		capOK = burstMsg == ""
+		if limitMsg == "" && periodMsg == "" && burstMsg == "" {
+			add(checkFill(r.Burst, r.Period, r.Limit))
+		}
+	} else if algOK && r.Burst != r.Limit {
+		add(fmt.Sprintf("burst must equal limit (%d) for %s, got %d", r.Limit, r.Algorithm, r.Burst))
+		capOK = false
+	}
+	add(checkCost(r.Cost, r.Algorithm, r.Burst, capOK))
+	if errs == nil {
+		return nil
+	}
+	return errs
+}

@@ -1,0 +1,316 @@
+package handler
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+	"github.com/valyala/fasthttp"
+)
+
+// Response header names, written with SetCanonical so they go out spelled
+// as the IETF draft and DESIGN.md §3 spell them.
+var (
+	hdrPolicy      = []byte("RateLimit-Policy")
+	hdrRateLimit   = []byte("RateLimit")
+	hdrLimit       = []byte("X-RateLimit-Limit")
+	hdrRemaining   = []byte("X-RateLimit-Remaining")
+	hdrReset       = []byte("X-RateLimit-Reset")
+	hdrRule        = []byte("X-RateLimit-Rule")
+	hdrRetryAfter  = []byte("Retry-After")
+	hdrStatus      = []byte("X-RateLimit-Status")
+	valUnavailable = []byte("unavailable")
+)
+
+// auth answers one auth_request subrequest. It never reads a body.
+func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
+	hdr := &ctx.Request.Header
+	s := h.pool.Get().(*scratch)
+	defer h.put(s)
+
+	uri := hdr.PeekBytes(h.uriHeader)
+	if len(uri) == 0 {
+		badRequest(ctx, h.missingURI)
+		return
+	}
+	s.route = NormalizeRoute(s.route[:0], uri)
+
+	// The address is copied out at once: PeekAll's result is only valid
+	// until the next PeekAll.
+	addr, ok := h.clientIP(hdr)
+	if !ok {
+		badRequest(ctx, h.noIP)
+		return
+	}
+	s.ip = addr.AppendTo(s.ip[:0])
+
+	var cost int64
+	if h.costHeader != nil {
+		// An empty value counts as absent: NGINX omits a header whose
+		// variable is empty, so the two cannot mean different things.
+		if v := hdr.PeekBytes(h.costHeader); len(v) > 0 {
+			if cost, ok = parseCost(v, h.maxCost); !ok {
+				badRequest(ctx, h.badCost)
+				return
+			}
+		}
+	}
+
+	method := hdr.PeekBytes(h.methodHeader)
+	if len(method) == 0 {
+		method = hdr.Method()
+	}
+	host := hdr.PeekBytes(h.hostHeader)
+	if len(host) == 0 {
+		host = hdr.Host()
+	}
+	// Host names are case-insensitive; one host must be one counter.
+	s.host = appendLower(s.host[:0], host)
+
+	s.req = limits.Request{
+		Method:  method,
+		Route:   s.route,
+		Host:    s.host,
+		IP:      s.ip,
+		User:    hdr.PeekBytes(h.userHeader),
+		Headers: hdr,
+		Cost:    cost,
+	}
+
+	c, cancel := context.WithTimeout(context.Background(), h.timeout)
+	err := h.dec.Decide(c, &s.req, &s.dec)
+	cancel()
+	if err != nil {
+		h.storeFailed(ctx, err)
+		return
+	}
+	h.respond(ctx, s)
+}
+
+// maxPooledBuf bounds the buffers kept in the pool, so one huge request does
+// not pin its memory for good.
+const maxPooledBuf = 16 << 10
+
+// put clears the request's references and returns s to the pool.
+func (h *Handler) put(s *scratch) {
+	s.req = limits.Request{}
+	if cap(s.route) > maxPooledBuf || cap(s.buf) > maxPooledBuf {
+		return
+	}
+	h.pool.Put(s)
+}
+
+// clientIP returns the client address from the configured IP header.
+func (h *Handler) clientIP(hdr *fasthttp.RequestHeader) (netip.Addr, bool) {
+	if h.xff {
+		return forwardedClient(hdr.PeekAll(h.ipHeaderName), h.trusted)
+	}
+	return parseIP(hdr.PeekBytes(h.ipHeader))
+}
+
+// parseCost parses a request cost: a decimal integer in [1, max], optionally
+// surrounded by spaces. No sign, no exponent.
+func parseCost(b []byte, max int64) (int64, bool) {
+	b = bytes.Trim(b, " \t")
+	if len(b) == 0 || len(b) > 18 { // 18 digits cannot overflow int64
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, n >= 1 && n <= max
+}
+
+func badRequest(ctx *fasthttp.RequestCtx, body []byte) {
+	ctx.SetStatusCode(fasthttp.StatusBadRequest)
+	ctx.SetBody(body)
+}
+
+// storeFailed answers a request the store could not decide, as the failure
+// mode says.
+func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, err error) {
+	h.errLog.Warn().Err(err).Str("failure_mode", h.failureMode).Msg("rate-limit store failed; request not decided")
+	ctx.Response.Header.SetCanonical(hdrStatus, valUnavailable)
+	switch h.failureMode {
+	case FailDeny:
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString("rate-limit store unavailable: " + err.Error() + "\n")
+	case FailLocal:
+		// TODO: decide with a per-process in-memory limiter while the store
+		// is down. Until then local admits, like allow.
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	default:
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	}
+}
+
+// respond writes the decision in s.dec: status, rate-limit headers and, for
+// a denial, a one-line reason. Shadow verdicts are reported nowhere.
+func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
+	d := &s.dec
+	resp := &ctx.Response.Header
+
+	// RateLimit-Policy, and the verdict with the least remaining quota.
+	best := -1
+	buf := s.buf[:0]
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if v.Rule.Shadow {
+			continue
+		}
+		if best >= 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = appendSFString(buf, v.Rule.Name)
+		buf = append(buf, ";q="...)
+		buf = strconv.AppendInt(buf, v.Rule.Limit, 10)
+		buf = append(buf, ";w="...)
+		buf = strconv.AppendInt(buf, ceilDiv(int64(v.Rule.Period), int64(time.Second)), 10)
+		if best < 0 || v.Result.Remaining < d.Verdicts[best].Result.Remaining {
+			best = i
+		}
+	}
+	if best >= 0 {
+		resp.SetCanonical(hdrPolicy, buf)
+
+		buf = buf[:0]
+		first := true
+		for i := range d.Verdicts {
+			v := &d.Verdicts[i]
+			if v.Rule.Shadow {
+				continue
+			}
+			if !first {
+				buf = append(buf, ", "...)
+			}
+			first = false
+			buf = appendSFString(buf, v.Rule.Name)
+			buf = append(buf, ";r="...)
+			buf = strconv.AppendInt(buf, max(v.Result.Remaining, 0), 10)
+			buf = append(buf, ";t="...)
+			buf = strconv.AppendInt(buf, usToSeconds(v.Result.ResetUS), 10)
+		}
+		resp.SetCanonical(hdrRateLimit, buf)
+
+		b := &d.Verdicts[best]
+		buf = strconv.AppendInt(buf[:0], b.Rule.Limit, 10)
+		resp.SetCanonical(hdrLimit, buf)
+		buf = strconv.AppendInt(buf[:0], max(b.Result.Remaining, 0), 10)
+		resp.SetCanonical(hdrRemaining, buf)
+		buf = strconv.AppendInt(buf[:0], usToSeconds(b.Result.ResetUS), 10)
+		resp.SetCanonical(hdrReset, buf)
+	}
+
+	if d.Admitted {
+		s.buf = buf
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+
+	ctx.SetStatusCode(h.denyStatus)
+	if d.Denier < 0 || d.Denier >= len(d.Verdicts) {
+		// A store that denies without naming a rule: still a denial.
+		s.buf = buf
+		ctx.SetBodyString("rate limited\n")
+		return
+	}
+	v := &d.Verdicts[d.Denier]
+	name := v.Rule.Name
+	buf = appendHeaderSafe(buf[:0], name)
+	resp.SetCanonical(hdrRule, buf)
+
+	buf = append(buf[:0], "rate limited by rule "...)
+	buf = appendSFString(buf, name)
+	if v.Result.RetryUS == limits.NeverFits {
+		buf = append(buf, "; request cost "...)
+		buf = strconv.AppendInt(buf, v.Cost, 10)
+		buf = append(buf, " can never fit (burst "...)
+		buf = strconv.AppendInt(buf, v.Rule.Burst, 10)
+		buf = append(buf, ")\n"...)
+	} else {
+		retry := max(usToSeconds(v.Result.RetryUS), 1)
+		n := len(buf)
+		buf = strconv.AppendInt(buf, retry, 10)
+		resp.SetCanonical(hdrRetryAfter, buf[n:])
+		buf = append(buf[:n], "; retry in "...)
+		buf = strconv.AppendInt(buf, retry, 10)
+		buf = append(buf, "s\n"...)
+	}
+	ctx.SetBody(buf)
+	s.buf = buf
+
+	h.denyLog.Info().
+		Str("rule", name).
+		Bytes("ip", s.req.IP).
+		Bytes("method", s.req.Method).
+		Bytes("route", s.req.Route).
+		Bytes("user", s.req.User).
+		Msg("request limited")
+}
+
+// usToSeconds converts a duration in microseconds to whole seconds, rounded
+// up; negative durations are 0.
+func usToSeconds(us int64) int64 {
+	if us <= 0 {
+		return 0
+	}
+	return ceilDiv(us, 1_000_000)
+}
+
+// ceilDiv is a/b rounded up, for a >= 0 and b > 0.
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a-1)/b + 1
+}
+
+// appendSFString appends name as a structured-field string (RFC 8941 §3.3.3):
+// quoted, with '"' and '\' escaped. Rule names are [a-z0-9_-]+ after config
+// validation; any other byte outside printable ASCII becomes '?' so a
+// header can never be broken by a name.
+func appendSFString(dst []byte, name string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			dst = append(dst, '?')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+// appendHeaderSafe appends name with bytes outside printable ASCII replaced
+// by '?'.
+func appendHeaderSafe(dst []byte, name string) []byte {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c < 0x20 || c > 0x7e {
+			c = '?'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// appendLower appends b with ASCII letters lower-cased.
+func appendLower(dst, b []byte) []byte {
+	for _, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}

@@ -1,0 +1,254 @@
+// Package handler holds rategate's HTTP side: the /auth decision endpoint that
+// NGINX's auth_request calls, and the health endpoints. It turns request
+// headers into a limits.Request, asks a Decider, and writes the status and
+// rate-limit headers of DESIGN.md §3. It does no limiter maths.
+package handler
+
+import (
+	"context"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+)
+
+// Default header names, as the shipped NGINX configs set them.
+const (
+	DefaultUserHeader   = "X-User-Id"
+	DefaultIPHeader     = "X-Real-IP"
+	DefaultURIHeader    = "X-Original-URI"
+	DefaultMethodHeader = "X-Original-Method"
+	DefaultHostHeader   = "X-Original-Host"
+)
+
+// Defaults for the numeric options.
+const (
+	// DefaultTimeout is the store budget of one decision or readiness ping.
+	DefaultTimeout = 50 * time.Millisecond
+	// DefaultMaxCost bounds the cost header when Options.MaxCost is not set.
+	DefaultMaxCost = 1000
+)
+
+// Failure modes: what /auth answers when the store fails.
+const (
+	// FailAllow admits the request (204 with X-RateLimit-Status: unavailable).
+	FailAllow = "allow"
+	// FailDeny answers 503, which NGINX turns into an error for the client.
+	FailDeny = "deny"
+	// FailLocal is meant to decide with a per-process in-memory limiter while
+	// the store is down. Until that exists it behaves like FailAllow.
+	FailLocal = "local"
+)
+
+// Options configures a Handler. The zero value of every field means its
+// default; the caller maps the config file onto it.
+type Options struct {
+	// Header names the identity is read from. Defaults: X-User-Id,
+	// X-Real-IP, X-Original-URI, X-Original-Method, X-Original-Host.
+	// IPHeader may be X-Forwarded-For (any case), which is then walked
+	// right-to-left past TrustedProxies.
+	UserHeader, IPHeader, URIHeader, MethodHeader, HostHeader string
+	// TrustedProxies are the hops skipped when walking X-Forwarded-For.
+	// Unused for any other IPHeader.
+	TrustedProxies []netip.Prefix
+	// CostHeader names the header carrying a request's weight; "" turns
+	// request costs off and every rule uses its own cost.
+	CostHeader string
+	// MaxCost is the largest cost CostHeader may carry (default 1000).
+	MaxCost int64
+	// DenyStatus is the status of a limited request: 429 (default) or 403.
+	DenyStatus int
+	// Timeout bounds each store call (default 50ms).
+	Timeout time.Duration
+	// FailureMode is FailAllow (default), FailDeny or FailLocal.
+	FailureMode string
+	// Logger receives sampled store errors and denials. The zero Logger
+	// discards everything.
+	Logger zerolog.Logger
+}
+
+// Decider decides one request; *limits.Limiter implements it. Decide fills d
+// and may reuse its buffers; d is owned by the caller.
+type Decider interface {
+	Decide(ctx context.Context, req *limits.Request, d *limits.Decision) error
+}
+
+// Pinger is the store as /readyz sees it; limits.Store implements it.
+type Pinger interface {
+	Ping(ctx context.Context) error
+	// Name describes the store, e.g. "redis 127.0.0.1:6379" or "memory".
+	Name() string
+}
+
+// Handler serves the main listener. It is safe for concurrent use and keeps
+// nothing from a request after returning.
+type Handler struct {
+	dec   Decider
+	store Pinger
+
+	userHeader, ipHeader, uriHeader, methodHeader, hostHeader, costHeader []byte
+	// ipHeaderName is IPHeader as a string, for PeekAll.
+	ipHeaderName string
+	xff          bool
+	trusted      []netip.Prefix
+	maxCost      int64
+	denyStatus   int
+	timeout      time.Duration
+	failureMode  string
+
+	// Answers to bad input, built once from the options.
+	missingURI, noIP, badCost []byte
+
+	// errLog and denyLog are sampled so that a dead store or an attack
+	// produce a few lines per second, not one per request.
+	errLog  zerolog.Logger
+	denyLog zerolog.Logger
+
+	pool sync.Pool // of *scratch
+}
+
+// scratch is the per-request state, pooled so the allowed path does not
+// allocate for it.
+type scratch struct {
+	req   limits.Request
+	dec   limits.Decision
+	route []byte
+	ip    []byte
+	host  []byte
+	buf   []byte
+}
+
+// New returns a Handler deciding with d and reporting readiness of store
+// (nil store: /readyz always answers 200). Options are checked leniently:
+// an unknown DenyStatus or FailureMode falls back to the default and is
+// logged, since the config package validates them before they get here.
+func New(d Decider, store Pinger, opts Options) *Handler {
+	h := &Handler{
+		dec:         d,
+		store:       store,
+		trusted:     opts.TrustedProxies,
+		maxCost:     opts.MaxCost,
+		denyStatus:  opts.DenyStatus,
+		timeout:     opts.Timeout,
+		failureMode: opts.FailureMode,
+	}
+	h.pool.New = func() any {
+		return &scratch{
+			route: make([]byte, 0, 256),
+			ip:    make([]byte, 0, 64),
+			host:  make([]byte, 0, 64),
+			buf:   make([]byte, 0, 512),
+		}
+	}
+
+	name := func(v, def string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	}
+	user := name(opts.UserHeader, DefaultUserHeader)
+	ip := name(opts.IPHeader, DefaultIPHeader)
+	uri := name(opts.URIHeader, DefaultURIHeader)
+	h.userHeader = []byte(user)
+	h.ipHeader = []byte(ip)
+	h.ipHeaderName = ip
+	h.uriHeader = []byte(uri)
+	h.methodHeader = []byte(name(opts.MethodHeader, DefaultMethodHeader))
+	h.hostHeader = []byte(name(opts.HostHeader, DefaultHostHeader))
+	h.xff = strings.EqualFold(ip, fasthttp.HeaderXForwardedFor)
+	if opts.CostHeader != "" {
+		h.costHeader = []byte(opts.CostHeader)
+	}
+	if h.maxCost <= 0 {
+		h.maxCost = DefaultMaxCost
+	}
+	if h.timeout <= 0 {
+		h.timeout = DefaultTimeout
+	}
+
+	h.missingURI = []byte("missing " + uri + ` header: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` + "\n")
+	ipVar := "$remote_addr"
+	if h.xff {
+		ipVar = "$proxy_add_x_forwarded_for"
+	}
+	h.noIP = []byte("no valid client IP in " + ip + `: add "proxy_set_header ` + ip + " " + ipVar + `;" to the auth location` + "\n")
+	if h.costHeader != nil {
+		h.badCost = []byte("invalid " + opts.CostHeader + " header: want an integer from 1 to " + strconv.FormatInt(h.maxCost, 10) + "\n")
+	}
+
+	log := opts.Logger
+	switch h.denyStatus {
+	case fasthttp.StatusTooManyRequests, fasthttp.StatusForbidden:
+	case 0:
+		h.denyStatus = fasthttp.StatusTooManyRequests
+	default:
+		log.Warn().Int("deny_status", h.denyStatus).Msg("deny status must be 429 or 403; using 429")
+		h.denyStatus = fasthttp.StatusTooManyRequests
+	}
+	switch h.failureMode {
+	case FailAllow, FailDeny, FailLocal:
+	case "":
+		h.failureMode = FailAllow
+	default:
+		log.Warn().Str("failure_mode", h.failureMode).Msg("unknown failure mode; using allow")
+		h.failureMode = FailAllow
+	}
+
+	// At most one line per second, plus every 1000th after that.
+	h.errLog = log.Sample(&zerolog.BurstSampler{
+		Burst: 1, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
+	})
+	// A few denials per second for the operator to see what is limited;
+	// a flood adds one line per 1000 denials.
+	h.denyLog = log.Sample(&zerolog.BurstSampler{
+		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
+	})
+	return h
+}
+
+var (
+	bodyOK       = []byte("ok\n")
+	bodyNotFound = []byte("not found\n")
+)
+
+// Serve is the fasthttp handler of the main listener: /auth (any method),
+// /healthz, /readyz; anything else is 404.
+func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/auth":
+		h.auth(ctx)
+	case "/healthz":
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetBody(bodyOK)
+	case "/readyz":
+		h.ready(ctx)
+	default:
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetBody(bodyNotFound)
+	}
+}
+
+// ready answers 200 when the store answers a ping within the timeout.
+func (h *Handler) ready(ctx *fasthttp.RequestCtx) {
+	if h.store == nil {
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetBodyString("ready: no store\n")
+		return
+	}
+	c, cancel := context.WithTimeout(context.Background(), h.timeout)
+	err := h.store.Ping(c)
+	cancel()
+	if err != nil {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString("not ready: " + h.store.Name() + ": " + err.Error() + "\n")
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetBodyString("ready: " + h.store.Name() + "\n")
+}

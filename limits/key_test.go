@@ -1,0 +1,147 @@
+package limits
+
+import (
+	"bytes"
+	"math/rand"
+	"net/textproto"
+	"strings"
+	"testing"
+)
+
+type hdrs map[string]string
+
+func (h hdrs) Peek(k string) []byte {
+	v, ok := h[textproto.CanonicalMIMEHeaderKey(k)]
+	if !ok {
+		return nil
+	}
+	return []byte(v)
+}
+
+func keyOf(t testing.TB, r *Rule, req *Request) string {
+	t.Helper()
+	id, ok := AppendIdentity(nil, r, req)
+	if !ok {
+		t.Fatalf("rule %s skipped the request", r.Name)
+	}
+	return string(AppendKey(nil, "rg", r, id))
+}
+
+func TestKeyLayout(t *testing.T) {
+	tests := []struct {
+		name string
+		rule Rule
+		req  Request
+		want string
+	}{
+		{"global", Rule{Name: "global", Algorithm: FixedWindow}, Request{}, "rg:{global:}:fw"},
+		{"ip", Rule{Name: "per-ip", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: GCRA},
+			Request{IP: []byte("203.0.113.7")}, "rg:{per-ip:203.0.113.7}:gc"},
+		{"ipv6", Rule{Name: "per-ip", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: TokenBucket},
+			Request{IP: []byte("2001:db8::1")}, "rg:{per-ip:2001:db8::1}:tb"},
+		{"user and route", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}, {Kind: KeyRoute}}, Algorithm: SlidingLog},
+			Request{User: []byte("alice"), Route: []byte("/api/x")}, "rg:{u:alice|/api/x}:sl"},
+		{"anonymous user falls back to ip", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: SlidingWindow},
+			Request{IP: []byte("10.0.0.1")}, "rg:{u:=10.0.0.1}:sw"},
+		{"hostile user escaped", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: FixedWindow},
+			Request{User: []byte("a}:b{c d|e%")}, "rg:{u:a%7D:b%7Bc%20d%7Ce%25}:fw"},
+		{"header", Rule{Name: "plan", Key: []KeyPart{{Kind: KeyHeader, Header: "X-Plan"}, {Kind: KeyMethod}, {Kind: KeyHost}}, Algorithm: FixedWindow},
+			Request{Headers: hdrs{"X-Plan": "free"}, Method: []byte("GET"), Host: []byte("api.example.com")}, "rg:{plan:free|GET|api.example.com}:fw"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := keyOf(t, &tt.rule, &tt.req); got != tt.want {
+				t.Fatalf("key %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAnonymousSkip(t *testing.T) {
+	r := &Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Anonymous: AnonymousSkip}
+	if _, ok := AppendIdentity(nil, r, &Request{IP: []byte("1.2.3.4")}); ok {
+		t.Fatal("anonymous request not skipped with anonymous: skip")
+	}
+	if _, ok := AppendIdentity(nil, r, &Request{User: []byte("bob")}); !ok {
+		t.Fatal("request with a user skipped")
+	}
+}
+
+// hashTagOf returns what Redis Cluster hashes: the bytes between the first
+// '{' and the first '}' after it.
+func hashTagOf(key string) string {
+	i := strings.IndexByte(key, '{')
+	j := strings.IndexByte(key[i+1:], '}')
+	return key[i+1 : i+1+j]
+}
+
+func TestKeysAreInjectiveBoundedAndTagged(t *testing.T) {
+	rule := &Rule{Name: "multi", Key: []KeyPart{{Kind: KeyUser}, {Kind: KeyHeader, Header: "X-Tenant"}}, Algorithm: FixedWindow}
+	alphabet := []byte("ab:{}|%=#- \x00\xff\n/.é")
+	rng := rand.New(rand.NewSource(1))
+	randVal := func() string {
+		n := rng.Intn(12)
+		if rng.Intn(50) == 0 {
+			n = 8 << 10 // 8 KB header values
+		}
+		var b bytes.Buffer
+		for i := 0; i < n; i++ {
+			b.WriteByte(alphabet[rng.Intn(len(alphabet))])
+		}
+		return b.String()
+	}
+	seen := map[string][2]string{}
+	for i := 0; i < 20000; i++ {
+		user, tenant := randVal(), randVal()
+		req := &Request{User: []byte(user), IP: []byte("192.0.2.1"), Headers: hdrs{"X-Tenant": tenant}}
+		key := keyOf(t, rule, req)
+		if len(key) > MaxKeyLen {
+			t.Fatalf("key of %d bytes > %d: %q", len(key), MaxKeyLen, key)
+		}
+		if strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 {
+			t.Fatalf("key %q has a broken hash tag", key)
+		}
+		if !strings.HasPrefix(hashTagOf(key), "multi:") {
+			t.Fatalf("hash tag of %q does not start with the rule", key)
+		}
+		for _, c := range []byte(key) {
+			if c < 0x21 || c > 0x7e {
+				t.Fatalf("key %q has byte %#x", key, c)
+			}
+		}
+		id := [2]string{user, tenant}
+		if prev, ok := seen[key]; ok && prev != id {
+			t.Fatalf("collision: %q and %q both give %q", prev, id, key)
+		}
+		seen[key] = id
+	}
+	// A user literally named like an anonymous fallback never shares its key.
+	r := &Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}}
+	anon := keyOf(t, r, &Request{IP: []byte("1.2.3.4")})
+	named := keyOf(t, r, &Request{User: []byte("=1.2.3.4"), IP: []byte("9.9.9.9")})
+	ipNamed := keyOf(t, r, &Request{User: []byte("1.2.3.4"), IP: []byte("9.9.9.9")})
+	if anon == named || anon == ipNamed {
+		t.Fatalf("anonymous key %q collides with a named user", anon)
+	}
+	// Hashed identities cannot collide with literal ones: '#' is always escaped.
+	long := strings.Repeat("x", 200)
+	hashed := keyOf(t, r, &Request{User: []byte(long)})
+	fake := keyOf(t, r, &Request{User: []byte(hashTagOf(hashed)[len("u:"):])})
+	if hashed == fake {
+		t.Fatalf("literal user %q reproduces hashed key %q", hashTagOf(hashed), hashed)
+	}
+}
+
+func FuzzKey(f *testing.F) {
+	f.Add("alice", "free", "/api")
+	f.Add("}{", "|", "%")
+	f.Add(strings.Repeat("é", 100), "\x00", "")
+	rule := &Rule{Name: "f", Key: []KeyPart{{Kind: KeyUser}, {Kind: KeyHeader, Header: "X-Plan"}, {Kind: KeyRoute}}, Algorithm: GCRA}
+	f.Fuzz(func(t *testing.T, user, plan, route string) {
+		req := &Request{User: []byte(user), IP: []byte("::1"), Route: []byte(route), Headers: hdrs{"X-Plan": plan}}
+		key := keyOf(t, rule, req)
+		if len(key) > MaxKeyLen || strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 {
+			t.Fatalf("bad key %q", key)
+		}
+	})
+}

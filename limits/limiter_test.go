@@ -1,0 +1,142 @@
+package limits
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestRuleMatches(t *testing.T) {
+	base := Request{Method: []byte("POST"), Route: []byte("/login"), Host: []byte("API.example.com"), Headers: hdrs{"X-Plan": "free"}}
+	tests := []struct {
+		name  string
+		match Match
+		req   func(r *Request)
+		want  bool
+	}{
+		{"empty matches all", Match{}, nil, true},
+		{"prefix", Match{PathPrefix: "/log"}, nil, true},
+		{"prefix miss", Match{PathPrefix: "/api"}, nil, false},
+		{"regex", Match{PathRegex: regexp.MustCompile(`^/users/[0-9]+$`)}, func(r *Request) { r.Route = []byte("/users/42") }, true},
+		{"regex miss", Match{PathRegex: regexp.MustCompile(`^/users/[0-9]+$`)}, func(r *Request) { r.Route = []byte("/users/x") }, false},
+		{"method", Match{Methods: []string{"GET", "POST"}}, nil, true},
+		{"method miss", Match{Methods: []string{"GET"}}, nil, false},
+		{"host case-insensitive", Match{Host: "api.example.com"}, nil, true},
+		{"host miss", Match{Host: "www.example.com"}, nil, false},
+		{"header", Match{Headers: []HeaderMatch{{"X-Plan", []byte("free")}}}, nil, true},
+		{"header miss", Match{Headers: []HeaderMatch{{"X-Plan", []byte("pro")}}}, nil, false},
+		{"header absent", Match{Headers: []HeaderMatch{{"X-Other", []byte("")}}}, func(r *Request) { r.Headers = nil }, false},
+		{"all conditions", Match{PathPrefix: "/login", Methods: []string{"POST"}, Host: "api.example.com"}, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := base
+			if tt.req != nil {
+				tt.req(&req)
+			}
+			r := &Rule{Match: tt.match}
+			if got := r.Matches(&req); got != tt.want {
+				t.Fatalf("Matches = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLimiterDecide(t *testing.T) {
+	store := NewMemoryStore()
+	defer store.Close()
+	login := &Rule{Name: "login", Match: Match{PathPrefix: "/login"}, Key: []KeyPart{{Kind: KeyIP}},
+		Algorithm: FixedWindow, Limit: 2, Period: time.Hour, Burst: 2, Cost: 1}
+	user := &Rule{Name: "user", Key: []KeyPart{{Kind: KeyUser}}, Anonymous: AnonymousSkip,
+		Algorithm: FixedWindow, Limit: 5, Period: time.Hour, Burst: 5, Cost: 1}
+	l := NewLimiter(store, "rg", []*Rule{login, user})
+	ctx := context.Background()
+	now := windowStart(time.Hour) + 1
+	var d Decision
+
+	// No rule matches an anonymous request outside /login.
+	if err := l.DecideAt(ctx, &Request{Route: []byte("/"), IP: []byte("1.1.1.1")}, &d, now); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Admitted || len(d.Verdicts) != 0 {
+		t.Fatalf("unmatched request: %+v", d)
+	}
+	// /login with a user: both rules.
+	req := &Request{Route: []byte("/login"), IP: []byte("1.1.1.1"), User: []byte("bob")}
+	for i := 0; i < 2; i++ {
+		if err := l.DecideAt(ctx, req, &d, now); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Admitted || len(d.Verdicts) != 2 {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+	}
+	if err := l.DecideAt(ctx, req, &d, now); err != nil {
+		t.Fatal(err)
+	}
+	if d.Admitted || d.Denier != 0 || d.Verdicts[d.Denier].Rule != login {
+		t.Fatalf("third login not denied by login: %+v", d)
+	}
+	if v := d.Verdicts[1]; !v.Result.Allowed || v.Result.Remaining != 3 {
+		t.Fatalf("user verdict on denial %+v, want allowed with 3 left (nothing consumed)", v.Result)
+	}
+	// Request cost overrides the rule's default.
+	if err := l.DecideAt(ctx, &Request{Route: []byte("/x"), User: []byte("bob"), Cost: 3}, &d, now); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Admitted || d.Verdicts[0].Cost != 3 || d.Verdicts[0].Result.Remaining != 0 {
+		t.Fatalf("cost 3: %+v", d.Verdicts)
+	}
+	// SetRules swaps atomically; the new rule set applies to the next request.
+	l.SetRules(nil)
+	if err := l.DecideAt(ctx, req, &d, now); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Admitted || len(d.Verdicts) != 0 {
+		t.Fatalf("after SetRules(nil): %+v", d)
+	}
+}
+
+func TestDenierIsTheLatestRetry(t *testing.T) {
+	store := NewMemoryStore()
+	defer store.Close()
+	short := &Rule{Name: "short", Algorithm: FixedWindow, Limit: 1, Period: time.Minute, Burst: 1, Cost: 1}
+	long := &Rule{Name: "long", Algorithm: FixedWindow, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
+	l := NewLimiter(store, "rg", []*Rule{short, long})
+	now := windowStart(time.Hour) + 1
+	var d Decision
+	for i := 0; i < 2; i++ {
+		if err := l.DecideAt(context.Background(), &Request{}, &d, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d.Admitted || d.Verdicts[d.Denier].Rule != long {
+		t.Fatalf("denier %d, want the hourly rule (its quota returns last)", d.Denier)
+	}
+}
+
+func TestMemoryStoreEvictsIdleKeys(t *testing.T) {
+	s := newMemoryStore(20 * time.Millisecond)
+	defer s.Close()
+	ctx := context.Background()
+	var r [1]Result
+	for i := 0; i < 10000; i++ {
+		c := Check{Key: "rg:{e:" + strconv.Itoa(i) + "}:fw", Algorithm: FixedWindow, Limit: 5,
+			PeriodUS: PeriodUS(100 * time.Millisecond), Burst: 5, Cost: 1}
+		if _, err := s.Decide(ctx, &Batch{Checks: []Check{c}}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n == 0 {
+		t.Fatal("no keys stored")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for s.Len() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.Len(); n != 0 {
+		t.Fatalf("%d idle keys still stored after their windows ended", n)
+	}
+}

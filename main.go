@@ -133,6 +133,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 
 	limiter := limits.NewLimiter(store, cfg.Redis.KeyPrefix, cfg.Rules)
+	if cfg.FailureMode == "local" {
+		if _, isMem := store.(*limits.MemoryStore); !isMem {
+			local := limits.NewMemoryStore()
+			defer local.Close()
+			limiter.SetFallback(local, cfg.LocalShare)
+		}
+	}
 	h := handler.New(limiter, store, handlerOptions(cfg, log))
 
 	listen := firstSet(o.listen, cfg.Listen, ":8080")

@@ -74,6 +74,9 @@ var invalidCases = map[string][]string{
 	"bad_regex.yaml": {
 		"rules[0] \"users\": match.path regex \"^/users/([0-9]+$\" does not compile: error parsing regexp: missing closing ): `^/users/([0-9]+$`",
 	},
+	"path_not_normalized.yaml": {
+		`rules[0] "admin": match.path "/a/../admin//x" is not a normalized route and would never match; write "/admin/x"`,
+	},
 	"bad_match_header.yaml": {
 		`rules[0] "free-plan": match.header "X Plan" is not a valid header name`,
 	},

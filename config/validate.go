@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/rategate/rategate/handler"
 	"math/bits"
 	"net"
 	"net/netip"
@@ -447,6 +448,12 @@ func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format strin
 			}
 			out.PathRegex = re
 		case strings.HasPrefix(v.V, "/"):
+			// Routes are normalized before matching, so a prefix that is not
+			// itself normalized could never match: say what to write instead.
+			if n := string(handler.NormalizeRoute(nil, []byte(v.V))); n != v.V {
+				at(v.Line, "match.path %q is not a normalized route and would never match; write %q", v.V, n)
+				break
+			}
 			out.PathPrefix = v.V
 		default:
 			at(v.Line, "match.path must be a prefix starting with \"/\" or a regex starting with \"~\", got %q", v.V)

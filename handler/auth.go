@@ -23,6 +23,7 @@ var (
 	hdrRetryAfter  = []byte("Retry-After")
 	hdrStatus      = []byte("X-RateLimit-Status")
 	valUnavailable = []byte("unavailable")
+	valLocal       = []byte("local")
 )
 
 // auth answers one auth_request subrequest. It never reads a body.
@@ -87,6 +88,10 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.storeFailed(ctx, err)
 		return
 	}
+	if s.dec.Local {
+		// The shared store failed and the local fallback decided.
+		ctx.Response.Header.SetCanonical(hdrStatus, valLocal)
+	}
 	h.respond(ctx, s)
 }
 
@@ -143,8 +148,8 @@ func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, err error) {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString("rate-limit store unavailable: " + err.Error() + "\n")
 	case FailLocal:
-		// TODO: decide with a per-process in-memory limiter while the store
-		// is down. Until then local admits, like allow.
+		// The limiter decides locally while the store fails; reaching here
+		// means even that failed, so admit as allow would.
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
 	default:
 		ctx.SetStatusCode(fasthttp.StatusNoContent)

@@ -23,6 +23,9 @@ type Decision struct {
 	// Denier is the index in Verdicts of the rule that denied, or -1. When
 	// several rules deny, it is the one whose quota returns last.
 	Denier int
+	// Local is true when the shared store failed and the local fallback
+	// store decided instead (failure_mode: local).
+	Local bool
 
 	keyBuf []byte
 	ident  []byte
@@ -37,6 +40,20 @@ type Limiter struct {
 	store  Store
 	prefix string
 	rules  atomic.Pointer[[]*Rule]
+
+	// fallback, when set, decides while store fails, with every limit and
+	// burst divided by share (failure_mode: local).
+	fallback Store
+	share    int64
+}
+
+// SetFallback makes the limiter decide with local (normally a MemoryStore)
+// whenever the shared store returns an error, dividing every limit and burst
+// by share (the number of rategate instances) so the fleet stays near the
+// intended global limit. Call it before the limiter is used.
+func (l *Limiter) SetFallback(local Store, share int) {
+	l.fallback = local
+	l.share = int64(max(share, 1))
 }
 
 // NewLimiter returns a limiter over store with the given key prefix and rules.
@@ -73,6 +90,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	rules := *l.rules.Load()
 	d.Admitted = true
 	d.Denier = -1
+	d.Local = false
 	d.Verdicts = d.Verdicts[:0]
 	d.batch.Checks = d.batch.Checks[:0]
 	d.batch.NowUS = nowUS
@@ -102,7 +120,19 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	d.res = d.res[:len(d.batch.Checks)]
 	admitted, err := l.store.Decide(ctx, &d.batch, d.res)
 	if err != nil {
-		return err
+		if l.fallback == nil {
+			return err
+		}
+		for i := range d.batch.Checks {
+			c := &d.batch.Checks[i]
+			c.Limit = max(c.Limit/l.share, 1)
+			c.Burst = max(c.Burst/l.share, 1)
+		}
+		// The local store never fails; its error would be a bug worth returning.
+		if admitted, err = l.fallback.Decide(ctx, &d.batch, d.res); err != nil {
+			return err
+		}
+		d.Local = true
 	}
 	d.Admitted = admitted
 	for i := range d.Verdicts {

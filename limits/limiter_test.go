@@ -2,6 +2,8 @@ package limits
 
 import (
 	"context"
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/redis/go-redis/v9"
 	"regexp"
 	"strconv"
 	"testing"
@@ -138,5 +140,43 @@ func TestMemoryStoreEvictsIdleKeys(t *testing.T) {
 	}
 	if n := s.Len(); n != 0 {
 		t.Fatalf("%d idle keys still stored after their windows ended", n)
+	}
+}
+
+func TestLocalFallbackWhenRedisIsDown(t *testing.T) {
+	// A real client aimed at a port where nothing listens: every call fails.
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t)),
+		ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	rs, err := NewRedisStore(dead, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	rule := &Rule{Name: "r", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: FixedWindow, Limit: 10, Period: time.Hour, Burst: 10, Cost: 1}
+	l := NewLimiter(rs, "rg", []*Rule{rule})
+	var d Decision
+	req := &Request{IP: []byte("192.0.2.9")}
+	if err := l.Decide(context.Background(), req, &d); err == nil {
+		t.Fatal("no error from a store that cannot connect")
+	}
+
+	local := NewMemoryStore()
+	defer local.Close()
+	l.SetFallback(local, 2)
+	now := windowStart(time.Hour) + 1
+	admitted := 0
+	for i := 0; i < 10; i++ {
+		if err := l.DecideAt(context.Background(), req, &d, now); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Local {
+			t.Fatal("decision not marked local")
+		}
+		if d.Admitted {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("local fallback with share 2 admitted %d of 10, want 5 (limit 10 / 2)", admitted)
 	}
 }

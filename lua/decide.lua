@@ -57,7 +57,7 @@ for i = 1, n do
     local a, rem, reset, retry = algo(KEYS[i], now, tonumber(ARGV[b + 1]),
       tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), 0)
     local o = 3 + (i - 1) * 4
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, rem, reset, retry
+    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
   end
 end
 return reply

@@ -1,0 +1,298 @@
+package limits
+
+import (
+	"context"
+	"math/rand/v2"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/lua"
+)
+
+func TestSlidingLogTimeline(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+		c := Check{Key: "rg:{t:sl}:sl", Algorithm: SlidingLog, Limit: 5, PeriodUS: PeriodUS(time.Minute), Burst: 5}
+		start := windowStart(time.Minute)
+		const us = time.Microsecond
+		runTimeline(t, s.store, c, start, []step{
+			// t=1s
+			{time.Second, 1, true, 4, 0, time.Minute},
+			{0, 1, true, 3, 0, time.Minute}, // same microsecond: counted too
+			// t=11s
+			{10 * time.Second, 2, true, 1, 0, time.Minute},
+			{0, 2, false, 1, 50 * time.Second, time.Minute}, // 1 over: the first 1s entry leaves at 61s
+			{0, 1, true, 0, 0, time.Minute},
+			{0, 1, false, 0, 50 * time.Second, time.Minute},
+			{0, 3, false, 0, time.Minute, time.Minute}, // 3 over: 1+1 at 1s free 2, the 11s entries are needed
+			{0, 6, false, 0, neverFits, time.Minute},   // cost above the limit never fits
+			{0, 0, true, 0, 0, time.Minute},            // cost 0 looks without consuming
+			// t=60s: the window (0s, 60s] still holds the 1s entries
+			{49 * time.Second, 1, false, 0, time.Second, 11 * time.Second},
+			// t=61s-1µs
+			{time.Second - us, 1, false, 0, us, 10*time.Second + us},
+			// t=61s: 1s <= 61s-60s, both 1s entries left; 3 used, 2 fit
+			{us, 2, true, 0, 0, time.Minute},
+			// t=121s: the 11s and 61s entries are gone (61s <= 121s-60s)
+			{time.Minute, 5, true, 0, 0, time.Minute},
+			// t=181s: empty log, nothing to reset
+			{time.Minute, 0, true, 5, 0, 0},
+			{0, 6, false, 5, neverFits, 0},
+		})
+	})
+}
+
+// TestSlidingLogSameMicrosecond: requests in one microsecond are all
+// recorded (the classic bug keys members by timestamp and collapses them).
+func TestSlidingLogSameMicrosecond(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+		start := windowStart(time.Minute) + 7
+		c := Check{Key: "rg:{t:slsame}:sl", Algorithm: SlidingLog, Limit: 5, PeriodUS: PeriodUS(time.Minute), Burst: 5}
+		runTimeline(t, s.store, c, start, []step{
+			{0, 1, true, 4, 0, time.Minute},
+			{0, 1, true, 3, 0, time.Minute},
+			{0, 1, true, 2, 0, time.Minute},
+			{0, 1, true, 1, 0, time.Minute},
+			{0, 1, true, 0, 0, time.Minute},
+			{0, 1, false, 0, time.Minute, time.Minute},
+		})
+
+		// 30 requests with mixed costs in one microsecond: more than ten share
+		// a score, so Redis sorts their members "t:10" before "t:2"; nothing
+		// may depend on that order.
+		big := Check{Key: "rg:{t:slsame30}:sl", Algorithm: SlidingLog, Limit: 40, PeriodUS: PeriodUS(time.Minute), Burst: 40}
+		var steps []step
+		used := int64(0)
+		for i := 0; i < 30; i++ {
+			cost := int64(1)
+			if i%10 == 9 {
+				cost = 2
+			}
+			used += cost
+			steps = append(steps, step{0, cost, true, 40 - used, 0, time.Minute})
+		}
+		steps = append(steps, step{0, 8, false, 7, time.Minute, time.Minute})
+		// 1s later the same microsecond repeats nothing: still 33 used.
+		steps = append(steps, step{time.Second, 7, true, 0, 0, time.Minute})
+		runTimeline(t, s.store, big, start, steps)
+
+		rs, ok := s.store.(*RedisStore)
+		if !ok {
+			return
+		}
+		client := rs.client.(*redis.Client)
+		members, err := client.ZRangeWithScores(context.Background(), big.Key, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(members) != 31 {
+			t.Fatalf("%d members, want 31 (30 at one microsecond + 1)", len(members))
+		}
+		memberRE := regexp.MustCompile(`^(\d+):(\d+):(\d+)$`)
+		sum := int64(0)
+		for _, z := range members {
+			m := memberRE.FindStringSubmatch(z.Member.(string))
+			if m == nil {
+				t.Fatalf("member %q is not <time>:<seq>:<cost>", z.Member)
+			}
+			at, _ := strconv.ParseInt(m[1], 10, 64)
+			if float64(at) != z.Score {
+				t.Fatalf("member %q has score %v", z.Member, z.Score)
+			}
+			cost, _ := strconv.ParseInt(m[3], 10, 64)
+			sum += cost
+		}
+		if sum != 40 {
+			t.Fatalf("costs in members sum to %d, want 40", sum)
+		}
+	})
+}
+
+// TestSlidingLogNeverExceedsLimit: over a long random run, every window
+// (t-P, t] ending at an admitted request holds at most L.
+func TestSlidingLogNeverExceedsLimit(t *testing.T) {
+	seed := modelSeed(t)
+	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+		rng := rand.New(rand.NewPCG(uint64(seed), 3))
+		p := PeriodUS(10 * time.Second)
+		c := Check{Key: "rg:{t:slmax}:sl", Algorithm: SlidingLog, Limit: 7, PeriodUS: p, Burst: 7}
+		n := 3000
+		if s.name == "redis" {
+			n = 800
+		}
+		now := windowStart(10*time.Second) + p // ahead of the wall clock: no sweep
+		var admitted []logEntry
+		denied := 0
+		for i := 0; i < n; i++ {
+			switch r := rng.IntN(10); {
+			case r < 4: // same microsecond
+			case r < 7:
+				now += rng.Int64N(p / 20)
+			default:
+				now += rng.Int64N(p)
+			}
+			c.Cost = 1 + rng.Int64N(3)
+			if r := decideOne(t, s.store, c, now); r.Allowed {
+				admitted = append(admitted, logEntry{at: now, cost: c.Cost})
+			} else {
+				denied++
+			}
+		}
+		worst, at := maxInWindow(admitted, p)
+		t.Logf("%s: %d requests, %d admitted, %d denied; most in any window of %v: %d (limit %d, window ending at +%v)",
+			s.name, n, len(admitted), denied, time.Duration(p)*time.Microsecond, worst, c.Limit, time.Duration(at-admitted[0].at)*time.Microsecond)
+		if worst > c.Limit {
+			t.Fatalf("sliding_log admitted %d within one window, limit %d", worst, c.Limit)
+		}
+		if denied == 0 {
+			t.Fatal("nothing was denied: the run did not exercise the limit")
+		}
+	})
+}
+
+// maxInWindow returns the largest sum of costs over (t-p, t] for t an
+// admitted time (where every maximum is reached), and that t.
+func maxInWindow(admitted []logEntry, p int64) (worst, at int64) {
+	lo, sum := 0, int64(0)
+	for hi := range admitted {
+		sum += admitted[hi].cost
+		for admitted[lo].at <= admitted[hi].at-p {
+			sum -= admitted[lo].cost
+			lo++
+		}
+		// Requests later in the same microsecond belong to this window too.
+		if hi+1 < len(admitted) && admitted[hi+1].at == admitted[hi].at {
+			continue
+		}
+		if sum > worst {
+			worst, at = sum, admitted[hi].at
+		}
+	}
+	return worst, at
+}
+
+func TestSlidingLogTTL(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+		p := 10 * time.Second
+		c := Check{Key: "rg:{t:slttl}:sl", Algorithm: SlidingLog, Limit: 5, PeriodUS: PeriodUS(p), Burst: 5, Cost: 1}
+		now := time.Now().UnixMicro()
+		if r := decideOne(t, s.store, c, now); !r.Allowed {
+			t.Fatalf("first request denied: %+v", r)
+		}
+		ttl, ok := s.ttl(c.Key)
+		if !ok || ttl <= 0 || ttl > p {
+			t.Fatalf("ttl %v (present %v), want in (0, %v]", ttl, ok, p)
+		}
+		// A denied request creates no key, whether the cost never fits or
+		// the (empty) log is simply full for it.
+		d := Check{Key: "rg:{t:slttl2}:sl", Algorithm: SlidingLog, Limit: 1, PeriodUS: PeriodUS(p), Burst: 1, Cost: 2}
+		if r := decideOne(t, s.store, d, now); r.Allowed {
+			t.Fatal("cost 2 over limit 1 allowed")
+		}
+		if _, ok := s.ttl(d.Key); ok {
+			t.Fatal("a denied request created a key")
+		}
+		// A zero-cost look records nothing either.
+		d.Cost = 0
+		if r := decideOne(t, s.store, d, now); !r.Allowed || r.Remaining != 1 {
+			t.Fatalf("cost 0 look: %+v", r)
+		}
+		if _, ok := s.ttl(d.Key); ok {
+			t.Fatal("a zero-cost look created a key")
+		}
+	})
+}
+
+// evalStandalone runs one whole lua/<file> the way redis-cli --eval does and
+// returns its reply {allowed, remaining, reset_us, retry_us}.
+func evalStandalone(t *testing.T, client *redis.Client, src, key string, now, limit, period, cost int64) [4]int64 {
+	t.Helper()
+	v, err := client.Eval(context.Background(), src, []string{key}, now, limit, period, limit, cost).Result()
+	if err != nil {
+		t.Fatalf("eval: %v", err)
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 4 {
+		t.Fatalf("reply %#v, want 4 integers", v)
+	}
+	var out [4]int64
+	for i := range arr {
+		if out[i], err = replyInt(arr[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// standaloneStep is one hand-run of a standalone script.
+type standaloneStep struct {
+	at, cost int64 // at: µs after the start
+	want     [4]int64
+}
+
+func runStandalone(t *testing.T, file, key string, limit, period int64, start int64, steps []standaloneStep) {
+	t.Helper()
+	src, err := lua.Source(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := testredis.Start(t).Client(t)
+	for i, st := range steps {
+		if got := evalStandalone(t, client, src, key, start+st.at, limit, period, st.cost); got != st.want {
+			t.Fatalf("%s step %d (t=+%dµs cost %d): reply %v, want %v", file, i, st.at, st.cost, got, st.want)
+		}
+	}
+	// ARGV[1] = 0 reads Redis TIME.
+	if got := evalStandalone(t, client, src, key+"-clock", 0, limit, period, 1); got[0] != 1 || got[1] != limit-1 {
+		t.Fatalf("%s with the Redis clock: reply %v, want allowed with %d left", file, got, limit-1)
+	}
+}
+
+func TestSlidingLogStandaloneScript(t *testing.T) {
+	const s = int64(time.Second / time.Microsecond)
+	p := 60 * s
+	runStandalone(t, "sliding_log.lua", "rg:{demo:1.2.3.4}:sl", 3, p, windowStart(time.Minute), []standaloneStep{
+		{0, 1, [4]int64{1, 2, p, 0}},
+		{0, 1, [4]int64{1, 1, p, 0}},
+		{10 * s, 1, [4]int64{1, 0, p, 0}},
+		{20 * s, 1, [4]int64{0, 0, 50 * s, 40 * s}}, // the two 0s entries leave at 60s
+		{20 * s, 2, [4]int64{0, 0, 50 * s, 40 * s}},
+		{20 * s, 4, [4]int64{0, 0, 50 * s, -1}},
+		{60 * s, 2, [4]int64{1, 0, p, 0}}, // (0s, 60s]: only the 10s entry left
+	})
+}
+
+// TestSlidingDeniedByOtherRuleConsumesNothing: when another rule of the
+// same request denies, neither sliding algorithm records anything (the memory
+// twin's next state is a copy, never written into the stored log).
+func TestSlidingDeniedByOtherRuleConsumesNothing(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+		now := windowStart(time.Hour) + PeriodUS(time.Hour) + 5
+		for _, algo := range []Algorithm{SlidingLog, SlidingWindow} {
+			sliding := Check{Key: "rg:{both:" + string(algo) + "}:" + algo.Suffix(), Algorithm: algo, Limit: 10,
+				PeriodUS: PeriodUS(time.Hour), Burst: 10, Cost: 2}
+			tight := Check{Key: "rg:{tight:" + string(algo) + "}:fw", Algorithm: FixedWindow, Limit: 1,
+				PeriodUS: PeriodUS(time.Hour), Burst: 1, Cost: 1}
+			res := make([]Result, 2)
+			for i := 0; i < 6; i++ {
+				ok, err := s.store.Decide(context.Background(), &Batch{Checks: []Check{sliding, tight}, NowUS: now + int64(i)}, res)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok != (i == 0) {
+					t.Fatalf("%s request %d: admitted=%v", algo, i, ok)
+				}
+				if i > 0 && (!res[0].Allowed || res[0].Remaining != 8) {
+					t.Fatalf("%s request %d denied by the other rule: sliding verdict %+v, want allowed with 8 left (nothing consumed)", algo, i, res[0])
+				}
+			}
+			if r, err := s.peekAt(sliding, now+10); err != nil || r.Remaining != 8 {
+				t.Fatalf("%s: remaining %d (%v) after 1 admitted and 5 denied, want 8", algo, r.Remaining, err)
+			}
+		}
+	})
+}

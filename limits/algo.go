@@ -13,8 +13,8 @@ type state struct {
 	expireUS int64
 	// fixed_window: a = window index, b = count.
 	// sliding_window: a = window index, b = current count, c = previous count.
-	// gcra: a = theoretical arrival time (µs).
-	// token_bucket: a = last refill time (µs), f = tokens.
+	// gcra: a = theoretical arrival time, whole µs; b = its fraction in 1/L µs.
+	// token_bucket: a = the time the stored count refers to (µs), f = whole tokens.
 	a, b, c int64
 	f       float64
 	// sliding_log: the admitted requests of the last period, oldest first.

@@ -1,0 +1,116 @@
+-- gcra.lua — generic cell rate algorithm (a leaky bucket as a meter), the
+-- same family as redis-cell: `gcra` with burst B answers like
+-- `CL.THROTTLE key B-1 L P c` (redis-cell's max_burst is B-1).
+--
+-- KEYS[1]  the rule's key (a hash: t = theoretical arrival time TAT in whole µs,
+--          f = the TAT's fraction of a µs in units of 1/L µs, 0 <= f < L)
+-- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
+-- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst B   ARGV[5] cost c
+-- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
+--
+-- Algorithm: T = P/L, tolerance tau = B*T; tat = max(stored, now), new = tat + c*T;
+-- allow iff new - now <= tau, then store new. The key expires when its TAT passes.
+--
+-- Rounding: none in the decision. T is kept exactly as q + r/L µs (q = floor(P/L),
+-- r = P mod L) and every TAT as whole µs + f/L, so fractional intervals (L=3 per
+-- second, or L=1e9 per ms, T = 1e-6 µs) neither drift nor admit early; a burst
+-- of B always fits on a fresh key. Only what is reported is rounded, against the
+-- client: reset/retry/TTL up to the next µs (ms for PEXPIRE), remaining down.
+--
+-- Exactness bound: every intermediate is an integer below 2^53 (so a double holds
+-- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
+-- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
+-- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
+-- limits/algo_gcra.go is the in-memory twin, step for step.
+--
+-- By hand: redis-cli --eval lua/gcra.lua rg:{demo:1.2.3.4}:gc , 0 1 1000000 5 1
+
+-- gc_times returns k*T as (whole µs, numerator over L), for 0 <= k < 2^30.
+-- k*r can reach 2^60, so k is split in 15-bit halves to keep every product
+-- below 2^46; math.floor(x / limit) is the exact quotient for x < 2^53.
+local function gc_times(k, q, r, limit)
+  local kh = math.floor(k / 32768)
+  local kl = k - kh * 32768
+  local x = kh * r
+  local a1 = math.floor(x / limit)
+  local s = (x - a1 * limit) * 32768 + kl * r
+  local a2 = math.floor(s / limit)
+  return k * q + a1 * 32768 + a2, s - a2 * limit
+end
+
+-- gc_count returns the largest n in [0, hi] with n*T <= xi + xf/L: a floating
+-- estimate, then corrected exactly (it is off by at most one).
+local function gc_count(xi, xf, hi, q, r, limit, period)
+  local n = math.floor((xi * limit + xf) / period)
+  if n > hi then n = hi end
+  if n < 0 then n = 0 end
+  while n > 0 do
+    local ni, nf = gc_times(n, q, r, limit)
+    if ni < xi or (ni == xi and nf <= xf) then break end
+    n = n - 1
+  end
+  while n < hi do
+    local ni, nf = gc_times(n + 1, q, r, limit)
+    if ni > xi or (ni == xi and nf > xf) then break end
+    n = n + 1
+  end
+  return n
+end
+
+-- gc_left returns floor((tau - d) / T), 0 when d > tau.
+local function gc_left(ti, tf, di, df, burst, q, r, limit, period)
+  local xi, xf = ti - di, tf - df
+  if xf < 0 then xi, xf = xi - 1, xf + limit end
+  if xi < 0 then return 0 end
+  return gc_count(xi, xf, burst, q, r, limit, period)
+end
+
+local function gcra(key, now, limit, period, burst, cost)
+  local q = math.floor(period / limit)
+  local r = period - q * limit
+  -- d = tat - now >= 0 as di + df/L; a TAT in the past is an empty bucket.
+  local di, df = 0, 0
+  local st = redis.call('HMGET', key, 't', 'f')
+  local t = tonumber(st[1])
+  if t then
+    local f = tonumber(st[2]) or 0
+    -- written under a smaller limit: round the TAT up, never down
+    if f >= limit then t, f = t + 1, 0 end
+    if t >= now then di, df = t - now, f end
+  end
+  local ti, tf = gc_times(burst, q, r, limit)
+  local reset = di
+  if df > 0 then reset = di + 1 end
+  if cost == 0 or cost > burst then
+    -- a look, or a cost that can never fit: the quota as it stands
+    local rem = gc_left(ti, tf, di, df, burst, q, r, limit, period)
+    if cost == 0 then return 1, rem, reset, 0, nil end
+    return 0, rem, reset, -1, nil
+  end
+  local ci, cf = gc_times(cost, q, r, limit)
+  local ni, nf = di + ci, df + cf
+  if nf >= limit then ni, nf = ni + 1, nf - limit end
+  if ni > ti or (ni == ti and nf > tf) then
+    local retry = ni - ti
+    if nf > tf then retry = retry + 1 end
+    return 0, gc_left(ti, tf, di, df, burst, q, r, limit, period), reset, retry, nil
+  end
+  local ttl = ni
+  if nf > 0 then ttl = ni + 1 end
+  return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, function()
+    redis.call('HSET', key, 't', string.format('%d', now + ni), 'f', string.format('%d', nf))
+    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  end
+end
+
+-- @standalone: everything below runs only under redis-cli --eval; the
+-- multi-rule script (decide.lua) includes the functions above.
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local a, rem, reset, retry, commit = gcra(KEYS[1], now,
+  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+if a == 1 and commit then commit() end
+return {a, rem, reset, retry}

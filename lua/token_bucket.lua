@@ -1,0 +1,118 @@
+-- token_bucket.lua — a bucket of B tokens refilled at L per P, starting full.
+--
+-- KEYS[1]  the rule's key (a hash: tokens = whole tokens at ts, ts = µs)
+-- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
+-- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst B   ARGV[5] cost c
+-- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
+--
+-- Algorithm: tokens_now = min(B, tokens + (now - ts) * L / P); allow iff
+-- tokens_now >= c, then tokens = tokens_now - c. The key expires when full.
+--
+-- Rounding: a token's refill time T = P/L is kept exactly as q + r/L µs, so the
+-- refill is counted exactly: tokens_now = tokens + k (k whole tokens earned) plus
+-- rho, the time already earned towards the next one (0 <= rho < T). The stored
+-- count is always whole and rho is kept as elapsed time: on an admission ts is
+-- set to now - floor(rho), so the part of rho below one µs is dropped. When T is
+-- a whole number of µs (or a µs refills whole tokens) rho is whole and nothing is
+-- dropped: the bucket is exact and decides exactly like gcra with the same L, P,
+-- B. Otherwise each admission gives up less than one µs of refill (and less than
+-- one token): conservative, never admitting more than the exact bucket would.
+-- Reported times are rounded up to the next µs (ms for PEXPIRE), remaining down.
+--
+-- Exactness bound: every intermediate is an integer below 2^53 (so a double holds
+-- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
+-- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
+-- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
+-- limits/algo_token_bucket.go is the in-memory twin, step for step.
+--
+-- By hand: redis-cli --eval lua/token_bucket.lua rg:{demo:1.2.3.4}:tb , 0 1 1000000 5 1
+
+-- tb_times returns k*T as (whole µs, numerator over L), for 0 <= k < 2^30.
+-- k*r can reach 2^60, so k is split in 15-bit halves to keep every product
+-- below 2^46; math.floor(x / limit) is the exact quotient for x < 2^53.
+local function tb_times(k, q, r, limit)
+  local kh = math.floor(k / 32768)
+  local kl = k - kh * 32768
+  local x = kh * r
+  local a1 = math.floor(x / limit)
+  local s = (x - a1 * limit) * 32768 + kl * r
+  local a2 = math.floor(s / limit)
+  return k * q + a1 * 32768 + a2, s - a2 * limit
+end
+
+-- tb_count returns the largest n in [0, hi] with n*T <= e µs: a floating
+-- estimate, then corrected exactly (it is off by at most one).
+local function tb_count(e, hi, q, r, limit, period)
+  local n = math.floor(e * limit / period)
+  if n > hi then n = hi end
+  if n < 0 then n = 0 end
+  while n > 0 do
+    local ni, nf = tb_times(n, q, r, limit)
+    if ni < e or (ni == e and nf == 0) then break end
+    n = n - 1
+  end
+  while n < hi do
+    local ni, nf = tb_times(n + 1, q, r, limit)
+    if ni > e or (ni == e and nf > 0) then break end
+    n = n + 1
+  end
+  return n
+end
+
+-- tb_after returns ceil(n*T - (ri + rf/L)): how long n more tokens take when
+-- rho of the next one is already earned.
+local function tb_after(n, ri, rf, q, r, limit)
+  local ni, nf = tb_times(n, q, r, limit)
+  if nf > rf then return ni - ri + 1 end
+  return ni - ri
+end
+
+local function token_bucket(key, now, limit, period, burst, cost)
+  local q = math.floor(period / limit)
+  local r = period - q * limit
+  -- have = whole tokens now; rho = ri + rf/L µs earned towards the next one
+  local have, ri, rf = burst, 0, 0
+  local st = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens, ts = tonumber(st[1]), tonumber(st[2])
+  if tokens and ts then
+    tokens = math.floor(tokens)
+    if tokens < 0 then tokens = 0 end
+    local e = now - ts
+    if e < 0 then e = 0 end
+    if tokens < burst then
+      local need = burst - tokens
+      local fi, ff = tb_times(need, q, r, limit)
+      if e < fi or (e == fi and ff > 0) then
+        local k = tb_count(e, need - 1, q, r, limit, period)
+        local ki, kf = tb_times(k, q, r, limit)
+        have, ri, rf = tokens + k, e - ki, 0
+        if kf > 0 then ri, rf = ri - 1, limit - kf end
+      end
+    end
+  end
+  local reset = tb_after(burst - have, ri, rf, q, r, limit)
+  if cost > burst then return 0, have, reset, -1, nil end
+  if cost == 0 then return 1, have, reset, 0, nil end
+  if have < cost then
+    return 0, have, reset, tb_after(cost - have, ri, rf, q, r, limit), nil
+  end
+  local left = have - cost
+  -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
+  local ttl = tb_after(burst - left, ri, 0, q, r, limit)
+  return 1, left, ttl, 0, function()
+    redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', string.format('%d', now - ri))
+    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  end
+end
+
+-- @standalone: everything below runs only under redis-cli --eval; the
+-- multi-rule script (decide.lua) includes the functions above.
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local a, rem, reset, retry, commit = token_bucket(KEYS[1], now,
+  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+if a == 1 and commit then commit() end
+return {a, rem, reset, retry}

@@ -529,8 +529,8 @@ func TestExample(t *testing.T) {
 		period time.Duration
 	}
 	want := []ruleSummary{
-		{"login-per-ip", "/login", []string{"POST"}, []limits.KeyPart{{Kind: limits.KeyIP}}, limits.FixedWindow, 5, time.Minute},
-		{"api-per-user", "/api/", nil, []limits.KeyPart{{Kind: limits.KeyUser}}, limits.FixedWindow, 100, time.Minute},
+		{"login-per-ip", "/login", []string{"POST"}, []limits.KeyPart{{Kind: limits.KeyIP}}, limits.GCRA, 5, time.Minute},
+		{"api-per-user", "/api/", nil, []limits.KeyPart{{Kind: limits.KeyUser}}, limits.SlidingWindow, 100, time.Minute},
 		{"global", "", nil, nil, limits.FixedWindow, 1000, time.Second},
 	}
 	var got []ruleSummary

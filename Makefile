@@ -3,7 +3,7 @@
 # runs vet, the unit and integration tests with -race, and the e2e suite.
 
 GO ?= go
-APT_PACKAGES := redis-server nginx libnginx-mod-http-lua curl
+APT_PACKAGES := redis-server nginx libnginx-mod-http-lua curl docker-compose
 
 .PHONY: test deps vet unit e2e run build check fmt
 
@@ -17,6 +17,7 @@ deps:
 	command -v nginx >/dev/null 2>&1 || missing="$$missing nginx"; \
 	test -e /usr/lib/nginx/modules/ngx_http_lua_module.so || missing="$$missing libnginx-mod-http-lua"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
@@ -33,8 +34,11 @@ vet: fmt
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
+# The end-to-end suite (e2e/, build tag e2e): real redis-server, two rategate
+# processes, real nginx for every config in nginx/, driven with curl.
 e2e:
-	@if [ -x e2e/run.sh ]; then bash e2e/run.sh; else echo "e2e: no suite yet"; fi
+	$(GO) vet -tags e2e ./e2e/
+	$(GO) test -tags e2e -count=1 -timeout 10m ./e2e/
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o rategate .

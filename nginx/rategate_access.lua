@@ -1,0 +1,104 @@
+--[[
+rategate_access: ask rategate whether this request may pass, from the access
+phase of OpenResty or NGINX with lua-nginx-module.
+
+    access_by_lua_block { require("rategate_access").check() }
+
+check() captures the internal location /_rategate (rategate-subrequest.conf),
+which proxies to rategate's /auth with the identity headers and no body, and
+acts on the status of that subrequest:
+
+  2xx      the request goes on; rategate's rate-limit headers are added to
+           whatever the application answers.
+  429/403  a denial (403 when rategate runs with deny_status: 403): answers
+           429 with Retry-After, the rate-limit headers and a one-line text
+           body. Nothing is written to the error log.
+  502/504  NGINX could not reach rategate (refused, reset, no live instance)
+           or it did not answer in time: the request goes on (open) or gets
+           503 (closed), as $rategate_on_failure says (rategate-upstream.conf).
+           NGINX logs the connection error itself.
+  503      rategate runs but its store failed and its failure_mode is deny:
+           503.
+  other    500 and one error-log line with rategate's answer (a 400 names the
+           header the NGINX config fails to set).
+]]
+
+local _M = { _VERSION = "1" }
+
+local capture = ngx.location.capture
+
+-- rategate's headers that go to the client on every decision.
+local HEADERS = {
+    "RateLimit-Policy", "RateLimit",
+    "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
+    "X-RateLimit-Status",
+}
+-- and those only a denial has.
+local DENIAL_HEADERS = { "Retry-After", "X-RateLimit-Rule" }
+
+local UNAVAILABLE = "Service Unavailable: the rate limiter cannot decide.\n"
+
+-- lower returns the subrequest's headers keyed by lower-case name: header
+-- names are case-insensitive, res.header is not.
+local function lower(header)
+    local t = {}
+    for k, v in pairs(header) do
+        t[k:lower()] = v
+    end
+    return t
+end
+
+-- copy sends the headers in names that the subrequest's answer has.
+local function copy(names, from)
+    for i = 1, #names do
+        local v = from[names[i]:lower()]
+        if v ~= nil then
+            ngx.header[names[i]] = v
+        end
+    end
+end
+
+-- answer ends the request with status and a short text body.
+local function answer(status, body)
+    ngx.status = status
+    ngx.header["Content-Type"] = "text/plain"
+    ngx.header["Content-Length"] = #body
+    ngx.print(body)
+    -- HTTP_OK after the response is out: end the request, not just the phase.
+    return ngx.exit(ngx.HTTP_OK)
+end
+
+-- check decides the current request. location is the internal location that
+-- proxies to rategate's /auth; default "/_rategate".
+function _M.check(location)
+    local res = capture(location or "/_rategate")
+    local status = res.status
+    local header = lower(res.header)
+    copy(HEADERS, header)
+
+    if status >= 200 and status < 300 then
+        return
+    end
+    if status == 429 or status == 403 then
+        copy(DENIAL_HEADERS, header)
+        local rule = header["x-ratelimit-rule"] or ""
+        return answer(429, 'Too Many Requests: rate limit "' .. rule
+            .. '" exceeded, see Retry-After.\n')
+    end
+    if status == 502 or status == 504 then
+        -- The internal location's error_page does not apply to Lua
+        -- subrequests, so the failure policy is applied here.
+        if ngx.var.rategate_on_failure == "closed" then
+            return answer(503, UNAVAILABLE)
+        end
+        return
+    end
+    if status == 503 then
+        return answer(503, UNAVAILABLE)
+    end
+    ngx.log(ngx.ERR, "rategate answered unexpected status ", status, ": ",
+        (res.body or ""):sub(1, 200))
+    return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
+end
+
+return _M

@@ -19,8 +19,8 @@ type storeUnderTest struct {
 	ttl    func(key string) (time.Duration, bool)
 }
 
-// forEachStore runs fn once against a fresh memory store and once against a
-// fresh real redis-server.
+// forEachStore runs fn once against a fresh memory store, once against a
+// fresh real redis-server and once against a real Redis Cluster (emptied).
 func forEachStore(t *testing.T, fn func(t *testing.T, s storeUnderTest)) {
 	t.Run("memory", func(t *testing.T) {
 		m := newMemoryStore(50 * time.Millisecond)
@@ -52,6 +52,7 @@ func forEachStore(t *testing.T, fn func(t *testing.T, s storeUnderTest)) {
 			},
 		})
 	})
+	t.Run("redis-cluster", func(t *testing.T) { fn(t, clusterStoreUnderTest(t)) })
 }
 
 // windowStart returns the start of the current epoch-aligned window of

@@ -2,9 +2,14 @@ package limits
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,8 +17,8 @@ import (
 )
 
 // RedisClient is what the Redis store needs from go-redis: scripts, plus
-// PING and DEL for readiness and resets. *redis.Client, *redis.ClusterClient
-// and redis.UniversalClient all satisfy it.
+// PING and DEL for readiness and resets. *redis.Client (plain or Sentinel
+// failover), *redis.ClusterClient and redis.UniversalClient all satisfy it.
 type RedisClient interface {
 	redis.Scripter
 	Ping(ctx context.Context) *redis.StatusCmd
@@ -21,31 +26,249 @@ type RedisClient interface {
 	Close() error
 }
 
-// RedisStore decides batches with one EVALSHA of the multi-rule script
-// (EVAL when Redis answers NOSCRIPT, e.g. after a restart).
+// Topology is how the Redis store reaches Redis.
+type Topology string
+
+// The three topologies. A store's behaviour differs only where it must: on
+// a cluster, a request whose rules live in several hash slots is decided one
+// slot at a time (see cluster.go); readiness checks every primary.
+const (
+	Standalone Topology = "standalone"
+	Cluster    Topology = "cluster"
+	Sentinel   Topology = "sentinel"
+)
+
+// RedisStore decides batches with the multi-rule script (lua/decide.lua):
+// one EVALSHA per request on a single Redis or a Sentinel-managed primary
+// (EVAL when Redis answers NOSCRIPT, e.g. after a restart or failover), one
+// per hash slot in parallel on Redis Cluster.
 type RedisStore struct {
-	client RedisClient
-	name   string
-	script *redis.Script
+	client   RedisClient
+	topology Topology
+	script   *redis.Script
+	// refund undoes the commits of slots that admitted a request another
+	// slot denied (cluster only; lua/refund.lua).
+	refund *redis.Script
+	// name describes the store; Ping refreshes it with what it learnt
+	// (the primaries of a cluster, the current Sentinel primary).
+	name atomic.Pointer[string]
+	// master is the Sentinel master name (Sentinel only).
+	master string
+	bg     background
 }
 
-// NewRedisStore returns a store over client; name describes it in logs.
+// NewRedisStore returns a store over client; name describes it in logs. A
+// *redis.ClusterClient is used as a cluster; anything else as one Redis
+// (a Sentinel failover client included; OpenRedis names it as such).
 func NewRedisStore(client RedisClient, name string) (*RedisStore, error) {
+	topo := Standalone
+	if _, ok := client.(*redis.ClusterClient); ok {
+		topo = Cluster
+	}
+	return newRedisStore(client, topo, name)
+}
+
+func newRedisStore(client RedisClient, topo Topology, name string) (*RedisStore, error) {
 	src, err := lua.Decide()
 	if err != nil {
 		return nil, err
 	}
-	return &RedisStore{client: client, name: name, script: redis.NewScript(src)}, nil
+	s := &RedisStore{client: client, topology: topo, script: redis.NewScript(src)}
+	if topo == Cluster {
+		rsrc, err := refundScript()
+		if err != nil {
+			return nil, err
+		}
+		s.refund = redis.NewScript(rsrc)
+	}
+	s.bg.init()
+	s.name.Store(&name)
+	return s, nil
 }
 
-// Name implements Store.
-func (s *RedisStore) Name() string { return s.name }
+// RedisOptions says how to reach Redis: exactly one of URL, ClusterAddrs and
+// SentinelMaster. The other fields apply to whichever is used, unless the URL
+// already sets them.
+type RedisOptions struct {
+	// URL is redis://[user:pass@]host:port/db or rediss://… (TLS). go-redis's
+	// multi-node forms select the other topologies:
+	//   redis://h1:7000?addr=h2:7000&addr=h3:7000           Redis Cluster (seed nodes)
+	//   redis://[suser:spass@]s1:26379?addr=s2:26379&master_name=mymaster&password=p
+	//                                                       Sentinel (sentinel addresses)
+	URL string
+	// ClusterAddrs are Redis Cluster seed nodes, host:port.
+	ClusterAddrs []string
+	// SentinelMaster is the name the sentinels monitor; SentinelAddrs are
+	// the sentinels. SentinelUsername and SentinelPassword authenticate to
+	// the sentinels themselves.
+	SentinelMaster   string
+	SentinelAddrs    []string
+	SentinelUsername string
+	SentinelPassword string
+	// Username and Password authenticate to the Redis servers (ACL user or
+	// requirepass).
+	Username string
+	Password string
+	// TLS, when not nil, encrypts every connection (servers and sentinels).
+	TLS *tls.Config
+}
 
-// Ping implements Store.
-func (s *RedisStore) Ping(ctx context.Context) error { return s.client.Ping(ctx).Err() }
+// OpenRedis connects a Redis store of the topology o describes. It does not
+// wait for Redis: a store whose Redis is down answers errors until it is up.
+// Every call honours its context's deadline (ContextTimeoutEnabled), cluster
+// redirections and retries included.
+func OpenRedis(o RedisOptions) (*RedisStore, error) {
+	switch {
+	case o.URL != "":
+		return openRedisURL(o)
+	case len(o.ClusterAddrs) > 0:
+		return openCluster(&redis.ClusterOptions{Addrs: o.ClusterAddrs}, o,
+			"redis cluster via "+strings.Join(o.ClusterAddrs, ","))
+	case o.SentinelMaster != "":
+		return openSentinel(&redis.FailoverOptions{MasterName: o.SentinelMaster, SentinelAddrs: o.SentinelAddrs}, o)
+	}
+	return nil, errors.New("redis: no url, cluster_addrs or sentinel master given")
+}
 
-// Close closes the client.
-func (s *RedisStore) Close() error { return s.client.Close() }
+// openRedisURL picks the parser by the URL's query: master_name= is a
+// Sentinel URL, addr= (more nodes) a cluster URL, anything else one server.
+func openRedisURL(o RedisOptions) (*RedisStore, error) {
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", redactURLError(err))
+	}
+	q := u.Query()
+	switch {
+	case q.Has("master_name"):
+		fo, err := redis.ParseFailoverURL(o.URL)
+		if err != nil {
+			return nil, fmt.Errorf("redis sentinel url: %w", err)
+		}
+		return openSentinel(fo, o)
+	case q.Has("addr"):
+		co, err := redis.ParseClusterURL(o.URL)
+		if err != nil {
+			return nil, fmt.Errorf("redis cluster url: %w", err)
+		}
+		return openCluster(co, o, "redis cluster via "+strings.Join(co.Addrs, ","))
+	}
+	opt, err := redis.ParseURL(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	opt.Username = firstNonEmpty(opt.Username, o.Username)
+	opt.Password = firstNonEmpty(opt.Password, o.Password)
+	if opt.TLSConfig == nil {
+		opt.TLSConfig = o.TLS
+	}
+	opt.ContextTimeoutEnabled = true
+	client := redis.NewClient(opt)
+	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func openCluster(co *redis.ClusterOptions, o RedisOptions, name string) (*RedisStore, error) {
+	co.Username = firstNonEmpty(co.Username, o.Username)
+	co.Password = firstNonEmpty(co.Password, o.Password)
+	if co.TLSConfig == nil {
+		co.TLSConfig = o.TLS
+	}
+	co.ContextTimeoutEnabled = true
+	// Writes go to primaries only: a replica's counter may lag.
+	co.ReadOnly, co.RouteByLatency, co.RouteRandomly = false, false, false
+	if co.DialerRetries == 0 {
+		// One dial per attempt: a dead node refuses at once, and loading
+		// the slot map (which tries known nodes in random order, a dead
+		// primary among them after a failover) must move on to the next
+		// node instead of retrying the dead one until the deadline.
+		co.DialerRetries = 1
+	}
+	client := redis.NewClusterClient(co)
+	s, err := newRedisStore(client, Cluster, name)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error) {
+	fo.Username = firstNonEmpty(fo.Username, o.Username)
+	fo.Password = firstNonEmpty(fo.Password, o.Password)
+	fo.SentinelUsername = firstNonEmpty(fo.SentinelUsername, o.SentinelUsername)
+	fo.SentinelPassword = firstNonEmpty(fo.SentinelPassword, o.SentinelPassword)
+	if fo.TLSConfig == nil {
+		fo.TLSConfig = o.TLS
+	}
+	fo.ContextTimeoutEnabled = true
+	fo.ReplicaOnly, fo.RouteByLatency, fo.RouteRandomly = false, false, false
+	client := redis.NewFailoverClient(fo)
+	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")))
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	s.master = fo.MasterName
+	return s, nil
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// redactURLError drops the URL (which may hold a password) from a parse error.
+func redactURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// Name implements Store: "redis 127.0.0.1:6379", "redis cluster (3
+// primaries: …)", "redis sentinel mymaster (primary 10.0.0.5:6379, 1 replica)".
+func (s *RedisStore) Name() string { return *s.name.Load() }
+
+// Topology returns how the store reaches Redis.
+func (s *RedisStore) Topology() Topology { return s.topology }
+
+// Client returns the go-redis client, for other users of the same Redis
+// (runtime overrides, INFO metrics); nil if it is not a UniversalClient.
+func (s *RedisStore) Client() redis.UniversalClient {
+	c, _ := s.client.(redis.UniversalClient)
+	return c
+}
+
+// Ping implements Store. On one Redis it is PING. On a cluster every
+// primary must answer and every slot must have a primary; on Sentinel the
+// server the client reaches must be the primary. Ping also refreshes Name
+// with what it found, so /readyz shows the topology.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	switch s.topology {
+	case Cluster:
+		if cc, ok := s.client.(*redis.ClusterClient); ok {
+			return s.pingCluster(ctx, cc)
+		}
+	case Sentinel:
+		if c, ok := s.client.(*redis.Client); ok {
+			return s.pingSentinel(ctx, c)
+		}
+	}
+	return s.client.Ping(ctx).Err()
+}
+
+// Close stops the background refunds (cluster) and closes the client.
+func (s *RedisStore) Close() error {
+	s.bg.close()
+	return s.client.Close()
+}
 
 // Decide implements Store.
 func (s *RedisStore) Decide(ctx context.Context, b *Batch, results []Result) (bool, error) {
@@ -53,53 +276,82 @@ func (s *RedisStore) Decide(ctx context.Context, b *Batch, results []Result) (bo
 	if len(results) < n {
 		return false, errNoChecks
 	}
+	if s.topology == Cluster && n > 1 {
+		return s.decideSlots(ctx, b, results[:n])
+	}
+	return s.decideAll(ctx, b, results[:n])
+}
+
+// decideAll decides every check of b with one run of decide.lua: the whole
+// request is atomic. results has len(b.Checks).
+func (s *RedisStore) decideAll(ctx context.Context, b *Batch, results []Result) (bool, error) {
+	n := len(b.Checks)
 	keys := make([]string, n)
 	args := make([]any, 1, 1+6*n)
 	args[0] = b.NowUS
 	for i := range b.Checks {
 		c := &b.Checks[i]
-		code := lua.Code(string(c.Algorithm))
-		if code == 0 {
-			return false, fmt.Errorf("redis store: algorithm %q not implemented", c.Algorithm)
+		var err error
+		if args, err = appendCheckArgs(args, c); err != nil {
+			return false, err
 		}
 		keys[i] = c.Key
-		shadow := 0
-		if c.Shadow {
-			shadow = 1
-		}
-		args = append(args, code, c.Limit, c.PeriodUS, c.Burst, c.Cost, shadow)
 	}
 	reply, err := s.script.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
+		s.noteError(err)
 		return false, fmt.Errorf("redis store: decide: %w", err)
 	}
-	return parseDecideReply(reply, results[:n])
+	return parseDecideReply(reply, results)
+}
+
+// appendCheckArgs appends decide.lua's six ARGV of one check.
+func appendCheckArgs(args []any, c *Check) ([]any, error) {
+	code := lua.Code(string(c.Algorithm))
+	if code == 0 {
+		return args, fmt.Errorf("redis store: algorithm %q not implemented", c.Algorithm)
+	}
+	shadow := 0
+	if c.Shadow {
+		shadow = 1
+	}
+	return append(args, code, c.Limit, c.PeriodUS, c.Burst, c.Cost, shadow), nil
 }
 
 // parseDecideReply turns decide.lua's reply into results. Any surprise in the
 // reply's shape is an error, never a panic.
 func parseDecideReply(reply any, results []Result) (bool, error) {
+	admitted, _, err := parseReply(reply, 2, results)
+	return admitted == 1, err
+}
+
+// parseReply reads a reply of head integers followed by four per result
+// (allowed, remaining, reset_us, retry_us), and returns the first two heads
+// (decide.lua: admitted, now_us; refund.lua: now_us).
+func parseReply(reply any, head int, results []Result) (h0, h1 int64, err error) {
 	arr, ok := reply.([]any)
 	if !ok {
-		return false, fmt.Errorf("redis store: reply is %T, want array", reply)
+		return 0, 0, fmt.Errorf("redis store: reply is %T, want array", reply)
 	}
-	if len(arr) != 2+4*len(results) {
-		return false, fmt.Errorf("redis store: reply has %d items, want %d", len(arr), 2+4*len(results))
+	if len(arr) != head+4*len(results) {
+		return 0, 0, fmt.Errorf("redis store: reply has %d items, want %d", len(arr), head+4*len(results))
+	}
+	var heads [2]int64
+	for i := 0; i < head && i < 2; i++ {
+		if heads[i], err = replyInt(arr[i]); err != nil {
+			return 0, 0, err
+		}
 	}
 	var ints [4]int64
-	admitted, err := replyInt(arr[0])
-	if err != nil {
-		return false, err
-	}
 	for i := range results {
 		for j := range ints {
-			if ints[j], err = replyInt(arr[2+4*i+j]); err != nil {
-				return false, err
+			if ints[j], err = replyInt(arr[head+4*i+j]); err != nil {
+				return 0, 0, err
 			}
 		}
 		results[i] = Result{Allowed: ints[0] == 1, Remaining: ints[1], ResetUS: ints[2], RetryUS: ints[3]}
 	}
-	return admitted == 1, nil
+	return heads[0], heads[1], nil
 }
 
 func replyInt(v any) (int64, error) {
@@ -135,7 +387,56 @@ func (s *RedisStore) PeekAt(ctx context.Context, c Check, nowUS int64) (Result, 
 // Reset implements Store.
 func (s *RedisStore) Reset(ctx context.Context, c Check) error {
 	if err := s.client.Del(ctx, c.Key).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		s.noteError(err)
 		return fmt.Errorf("redis store: reset %q: %w", c.Key, err)
 	}
 	return nil
+}
+
+// background runs the refunds that could not finish within their request
+// (see cluster.go): bounded in number, each with its own deadline, all
+// stopped and waited for by Close.
+type background struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	slots  chan struct{}
+	stats  refundStats
+}
+
+func (b *background) init() {
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.slots = make(chan struct{}, maxBackgroundRefunds)
+}
+
+// goRun runs fn in a goroutine unless the store is closed or
+// maxBackgroundRefunds are already running; it reports whether it did.
+func (b *background) goRun(fn func(ctx context.Context)) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	select {
+	case b.slots <- struct{}{}:
+	default:
+		return false
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer func() { <-b.slots }()
+		fn(b.ctx)
+	}()
+	return true
+}
+
+func (b *background) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
 }

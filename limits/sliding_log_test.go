@@ -84,7 +84,7 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 		if !ok {
 			return
 		}
-		client := rs.client.(*redis.Client)
+		client := rs.Client()
 		members, err := client.ZRangeWithScores(context.Background(), big.Key, 0, -1).Result()
 		if err != nil {
 			t.Fatal(err)

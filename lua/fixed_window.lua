@@ -34,6 +34,22 @@ local function fixed_window(key, now, limit, period, burst, cost)
   end
 end
 
+-- fixed_window_refund gives back cost, which a commit at `at` added, when the
+-- request as a whole was denied by a rule in another cluster slot (refund.lua).
+-- Counts are additive, so the refund is exact; a window that has ended has
+-- nothing left to give back.
+local function fixed_window_refund(key, now, limit, period, burst, cost, at)
+  local w = math.floor(at / period)
+  local st = redis.call('HMGET', key, 'w', 'n')
+  if not st[1] or tonumber(st[1]) ~= w then return end
+  local count = (tonumber(st[2]) or 0) - cost
+  if count <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'n', string.format('%d', count))
+  end
+end
+
 -- @standalone: everything below runs only under redis-cli --eval; the
 -- multi-rule script (decide.lua) includes the function above.
 local now = tonumber(ARGV[1])

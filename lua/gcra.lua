@@ -103,6 +103,44 @@ local function gcra(key, now, limit, period, burst, cost)
   end
 end
 
+-- gcra_refund takes back the c*T a commit at `at` added to the TAT (see
+-- refund.lua), but only the part still queued at now: once some of it has
+-- drained, a later request may have started from a TAT that already
+-- included it, and taking back all of it would undo part of that request.
+-- So the refund is min(c*T, X - now), X being the TAT the commit stored.
+-- X is known from below: X >= at + c*T (a TAT is at least the time of the
+-- request that set it) and X > at + reset - 1 (reset is X - at rounded up),
+-- so the refund errs, by less than 1 µs and only when part has drained, on
+-- the strict side. With nothing drained (the usual case: the refund follows
+-- the commit by one round trip) it is exact, in the same whole µs + f/L form.
+local function gcra_refund(key, now, limit, period, burst, cost, at, rem, reset)
+  local st = redis.call('HMGET', key, 't', 'f')
+  local t = tonumber(st[1])
+  if not t then return end
+  local f = tonumber(st[2]) or 0
+  if f >= limit then t, f = t + 1, 0 end
+  local q = math.floor(period / limit)
+  local r = period - q * limit
+  local ci, cf = gc_times(cost, q, r, limit)
+  local xi, xf = at + ci, cf
+  local bi, bf = at + reset, 0
+  if limit > 1 then bi, bf = at + reset - 1, 1 end
+  if bi > xi or (bi == xi and bf > xf) then xi, xf = bi, bf end
+  local ai, af = xi - now, xf
+  if ai < 0 or (ai == 0 and af == 0) then return end
+  if ai > ci or (ai == ci and af > cf) then ai, af = ci, cf end
+  local ni, nf = t - ai, f - af
+  if nf < 0 then ni, nf = ni - 1, nf + limit end
+  if ni < now or (ni == now and nf == 0) then
+    redis.call('DEL', key)
+    return
+  end
+  local ttl = ni - now
+  if nf > 0 then ttl = ttl + 1 end
+  redis.call('HSET', key, 't', string.format('%d', ni), 'f', string.format('%d', nf))
+  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+end
+
 -- @standalone: everything below runs only under redis-cli --eval; the
 -- multi-rule script (decide.lua) includes the functions above.
 local now = tonumber(ARGV[1])

@@ -79,6 +79,41 @@ local function sliding_log(key, now, limit, period, burst, cost)
   end
 end
 
+-- sliding_log_refund removes the entry a commit at `at` added (see
+-- refund.lua). Entries at one score with one cost are interchangeable, so it
+-- removes one of them, preferring the highest <seq>; when that one has another
+-- cost it takes the freed <seq>, so the members at `at` stay <at>:0 .. <at>:k-2
+-- and the next ZCOUNT still names a new member. The TTL follows the newest
+-- entry left.
+local function sliding_log_refund(key, now, limit, period, burst, cost, at)
+  local s = sl_int(at)
+  local members = redis.call('ZRANGEBYSCORE', key, s, s)
+  local last, lastseq, lastcost = nil, -1, 0
+  local mine, mineseq = nil, -1
+  for _, m in ipairs(members) do
+    local seq, c = string.match(m, ':(%d+):(%d+)$')
+    seq, c = tonumber(seq), tonumber(c)
+    if seq and c then
+      if seq > lastseq then last, lastseq, lastcost = m, seq, c end
+      if c == cost and seq > mineseq then mine, mineseq = m, seq end
+    end
+  end
+  if not mine then return end
+  redis.call('ZREM', key, mine)
+  if mine ~= last then
+    redis.call('ZREM', key, last)
+    redis.call('ZADD', key, s, string.format('%s:%d:%d', s, mineseq, lastcost))
+  end
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #newest == 0 then return end
+  local ttl = tonumber(newest[2]) + period - now
+  if ttl <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIRE', key, sl_int(math.ceil(ttl / 1000)))
+  end
+end
+
 -- @standalone: everything below runs only under redis-cli --eval; the
 -- multi-rule script (decide.lua) includes the functions above.
 local now = tonumber(ARGV[1])

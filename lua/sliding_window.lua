@@ -108,6 +108,29 @@ local function sliding_window(key, now, limit, period, burst, cost)
   end
 end
 
+-- sliding_window_refund gives back cost, which a commit at `at` added to the
+-- count of window w = floor(at / P) (see refund.lua): from curr while w is
+-- still the stored window, from prev once the next window has taken over.
+-- The estimate is linear in the counts, so the refund is exact.
+local function sliding_window_refund(key, now, limit, period, burst, cost, at)
+  local w = math.floor(at / period)
+  local st = redis.call('HMGET', key, 'w', 'c', 'p')
+  local sw = tonumber(st[1])
+  local curr, prev = tonumber(st[2]) or 0, tonumber(st[3]) or 0
+  if sw == w then
+    curr = math.max(curr - cost, 0)
+  elseif sw == w + 1 then
+    prev = math.max(prev - cost, 0)
+  else
+    return
+  end
+  if curr == 0 and prev == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'c', sw_int(curr), 'p', sw_int(prev))
+  end
+end
+
 -- @standalone: everything below runs only under redis-cli --eval; the
 -- multi-rule script (decide.lua) includes the functions above.
 local now = tonumber(ARGV[1])

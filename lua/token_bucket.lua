@@ -105,6 +105,55 @@ local function token_bucket(key, now, limit, period, burst, cost)
   end
 end
 
+-- token_bucket_refund gives back the tokens a commit at `at` took (see
+-- refund.lua). A bucket is a GCRA in disguise: X, the time it would be full
+-- again after the commit, plays the TAT, and the refund is min(c*T, X - now)
+-- of refill time, the part of the request not yet refilled (gcra_refund
+-- says why). X is exact: the commit reported left = rem tokens and reset =
+-- ceil((B-left)*T - rho), which give rho and so X = at - rho + (B-left)*T.
+-- A full refund (the usual case) adds c tokens; a partial one moves the
+-- refill start back by its whole µs (the sub-µs rest is kept, on the strict
+-- side). A bucket that is full again is deleted, as if never touched.
+-- When T is not a whole number of µs the commit itself dropped the sub-µs
+-- part of rho (see the header), which no refund can know: such a bucket ends
+-- up less than 1 µs of refill behind the untouched one per refund (stricter,
+-- never looser). With a whole T, or for gcra, the refund is exact.
+local function token_bucket_refund(key, now, limit, period, burst, cost, at, rem, reset)
+  local st = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens, ts = tonumber(st[1]), tonumber(st[2])
+  if not (tokens and ts) then return end
+  tokens = math.floor(tokens)
+  if tokens < 0 then tokens = 0 end
+  if tokens >= burst or rem >= burst then return end
+  local q = math.floor(period / limit)
+  local r = period - q * limit
+  local bi, bf = tb_times(burst - rem, q, r, limit)
+  local rho = bi - reset
+  if bf > 0 then rho = rho + 1 end
+  local xi, xf = at - rho + bi, bf
+  local ci, cf = tb_times(cost, q, r, limit)
+  local ai, af = xi - now, xf
+  if ai < 0 or (ai == 0 and af == 0) then return end
+  if ai > ci or (ai == ci and af >= cf) then
+    tokens = tokens + cost
+  else
+    ts = ts - ai
+  end
+  if tokens >= burst then
+    redis.call('DEL', key)
+    return
+  end
+  local fi, ff = tb_times(burst - tokens, q, r, limit)
+  local full = ts + fi
+  if ff > 0 then full = full + 1 end
+  if full <= now then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens), 'ts', string.format('%d', ts))
+  redis.call('PEXPIRE', key, math.ceil((full - now) / 1000))
+end
+
 -- @standalone: everything below runs only under redis-cli --eval; the
 -- multi-rule script (decide.lua) includes the functions above.
 local now = tonumber(ARGV[1])

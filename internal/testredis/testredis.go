@@ -21,12 +21,15 @@ import (
 // InstallHint is the command that provides the binaries tests need.
 const InstallHint = "apt-get update && apt-get install -y redis-server (or run `make test`, which installs it)"
 
-// Server is one running redis-server.
+// Server is one running redis-server (or redis-sentinel).
 type Server struct {
 	Addr string
 	Port int
 	Dir  string
 	cmd  *exec.Cmd
+	// bin and args start it again (Restart).
+	bin  string
+	args []string
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -59,15 +62,11 @@ func Start(t testing.TB, extra ...string) *Server {
 		for _, e := range extra {
 			args = append(args, "--"+e)
 		}
-		s.cmd = exec.Command(bin, args...)
-		if err := s.cmd.Start(); err != nil {
-			t.Fatalf("start redis-server: %v", err)
-		}
-		if lastErr = waitReady(s.Addr, 5*time.Second); lastErr == nil {
+		s.bin, s.args = bin, args
+		if lastErr = s.start(); lastErr == nil {
 			t.Cleanup(s.Stop)
 			return s
 		}
-		s.Stop()
 	}
 	t.Fatalf("redis-server did not become ready: %v", lastErr)
 	return nil
@@ -80,6 +79,37 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// start runs the process and waits until it answers PING; on failure
+// nothing is left running.
+func (s *Server) start() error {
+	s.cmd = exec.Command(s.bin, s.args...)
+	s.cmd.SysProcAttr = childAttr()
+	if err := s.cmd.Start(); err != nil {
+		s.cmd = nil
+		return fmt.Errorf("start %s: %w", filepath.Base(s.bin), err)
+	}
+	if err := waitReady(s.Addr, 5*time.Second); err != nil {
+		s.Stop()
+		return err
+	}
+	return nil
+}
+
+// Restart starts a stopped server again with the same port, directory and
+// options (a cluster node finds its nodes.conf there and rejoins).
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	if s.Running() {
+		return
+	}
+	if err := s.start(); err != nil {
+		t.Fatalf("restart %s: %v", s.Addr, err)
+	}
+}
+
+// Running reports whether the process was started and not stopped.
+func (s *Server) Running() bool { return s.cmd != nil }
 
 // Stop kills the server and waits for it.
 func (s *Server) Stop() {

@@ -1,0 +1,554 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/lua"
+)
+
+// Multi-rule decisions on Redis Cluster.
+//
+// A Lua script may only touch keys of one hash slot, and the rules of one
+// request usually live in different slots (a per-user key and the global
+// key hash to different tags). So a cluster store groups the checks of a
+// request by slot and runs decide.lua once per slot, all slots in parallel:
+// one round trip of wall time, like a single Redis. Checks that share a slot
+// stay in one script and are decided atomically together.
+//
+// Each slot's script commits only if every non-shadow check of that slot
+// allows. When some slot denies, the slots that admitted have committed a
+// request that is denied as a whole; their commits are then undone by
+// lua/refund.lua, one script per slot, again in parallel: a second round
+// trip, paid only by denied requests that matched rules in several slots.
+// The contract "a denied request consumes nothing" holds once the refund
+// has run. In between (one round trip) the denied request holds quota in
+// the other slots, so a concurrent request may see less than is really
+// left: the window can only make the limiter stricter, never looser.
+//
+// Refunds are exact when nothing else happened to the key in between, never
+// give back more than the denied request still holds (see each
+// <algo>_refund in lua/), and run at most once (a marker key set with NX).
+// A refund that cannot run within the request's deadline is retried once in
+// the background (bounded, see maxBackgroundRefunds); one that fails leaves
+// its quota consumed until the window or bucket passes.
+//
+// When a slot fails (timeout, CLUSTERDOWN, a primary down), the request
+// fails as on a single Redis (failure_mode applies) and the slots that did
+// commit are refunded in the background.
+
+// maxBackgroundRefunds bounds the refunds that run after their request.
+const maxBackgroundRefunds = 256
+
+// backgroundRefundTimeout is the deadline of one refund run after its request.
+const backgroundRefundTimeout = time.Second
+
+// RefundCounts counts the refunds of a cluster store since it opened.
+type RefundCounts struct {
+	// Refunded is how many slot refunds ran within their request.
+	Refunded int64
+	// Late is how many ran in the background after their request.
+	Late int64
+	// Lost is how many could not run: their quota stays consumed until the
+	// window or bucket passes (stricter than exact, never looser).
+	Lost int64
+}
+
+// refundStats holds the counters behind RefundCounts.
+type refundStats struct {
+	refunded, late, lost atomic.Int64
+}
+
+// Refunds returns the store's refund counters (all zero off a cluster).
+func (s *RedisStore) Refunds() RefundCounts {
+	st := &s.bg.stats
+	return RefundCounts{Refunded: st.refunded.Load(), Late: st.late.Load(), Lost: st.lost.Load()}
+}
+
+// slotGroup is the checks of one request that share a hash slot.
+type slotGroup struct {
+	slot int
+	idx  []int // indices into the batch, in batch order
+	// set by decideGroup
+	admitted bool
+	at       int64 // the script's clock, µs
+	err      error
+}
+
+// groupBySlot groups checks by slot, in order of first appearance.
+func groupBySlot(checks []Check) []slotGroup {
+	groups := make([]slotGroup, 0, len(checks))
+next:
+	for i := range checks {
+		slot := KeySlot(checks[i].Key)
+		for g := range groups {
+			if groups[g].slot == slot {
+				groups[g].idx = append(groups[g].idx, i)
+				continue next
+			}
+		}
+		groups = append(groups, slotGroup{slot: slot, idx: []int{i}})
+	}
+	return groups
+}
+
+// parallel runs fn(0..n-1) concurrently, fn(0) on the calling goroutine, and
+// returns when all have returned. Every fn is bounded by the caller's
+// context, so nothing outlives the call.
+func parallel(n int, fn func(i int)) {
+	if n == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(n - 1)
+	for i := 1; i < n; i++ {
+		go func() {
+			defer wg.Done()
+			fn(i)
+		}()
+	}
+	fn(0)
+	wg.Wait()
+}
+
+// decideSlots decides a batch whose checks may live in several slots.
+func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result) (bool, error) {
+	for i := range b.Checks {
+		if lua.Code(string(b.Checks[i].Algorithm)) == 0 {
+			return false, fmt.Errorf("redis store: algorithm %q not implemented", b.Checks[i].Algorithm)
+		}
+	}
+	groups := groupBySlot(b.Checks)
+	if len(groups) == 1 {
+		return s.decideAll(ctx, b, results)
+	}
+	parallel(len(groups), func(i int) { s.decideGroup(ctx, b, &groups[i], results) })
+
+	var err error
+	admitted := true
+	for i := range groups {
+		switch g := &groups[i]; {
+		case g.err != nil:
+			if err == nil {
+				err = g.err
+			}
+		case !g.admitted:
+			admitted = false
+		}
+	}
+	if err == nil && admitted {
+		return true, nil
+	}
+
+	// Denied (or failed) as a whole: give back what the admitting slots took.
+	markerTTL := refundMarkerTTL(ctx)
+	var jobs []*refundJob
+	for i := range groups {
+		if g := &groups[i]; g.err == nil && g.admitted {
+			if j := newRefundJob(b, g, results, markerTTL); j != nil {
+				jobs = append(jobs, j)
+			}
+		}
+	}
+	if err != nil || ctx.Err() != nil {
+		for _, j := range jobs {
+			s.refundLater(j)
+		}
+		if err == nil {
+			// Every slot answered in time, the refunds did not: the
+			// decision stands.
+			return false, nil
+		}
+		return false, err
+	}
+	parallel(len(jobs), func(i int) { jobs[i].err = s.runRefund(ctx, jobs[i], results) })
+	for _, j := range jobs {
+		if j.err != nil {
+			s.noteError(j.err)
+			s.refundLater(j)
+		} else {
+			s.bg.stats.refunded.Add(1)
+		}
+	}
+	return false, nil
+}
+
+// decideGroup runs decide.lua for one slot's checks and fills their results.
+func (s *RedisStore) decideGroup(ctx context.Context, b *Batch, g *slotGroup, results []Result) {
+	keys := make([]string, len(g.idx))
+	args := make([]any, 1, 1+6*len(g.idx))
+	args[0] = b.NowUS
+	for k, i := range g.idx {
+		keys[k] = b.Checks[i].Key
+		args, _ = appendCheckArgs(args, &b.Checks[i]) // codes checked by decideSlots
+	}
+	reply, err := s.script.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		s.noteError(err)
+		g.err = fmt.Errorf("redis store: decide (slot %d): %w", g.slot, err)
+		return
+	}
+	res := make([]Result, len(g.idx))
+	adm, at, err := parseReply(reply, 2, res)
+	if err != nil {
+		g.err = err
+		return
+	}
+	for k, i := range g.idx {
+		results[i] = res[k]
+	}
+	g.admitted, g.at = adm == 1, at
+}
+
+// refundJob is one slot's refund: refund.lua's keys and arguments, built
+// when the decision is made so that it can outlive the batch.
+type refundJob struct {
+	keys []string // the refunded keys, then the marker
+	args []any
+	idx  []int // the refunded checks' indices into the batch
+	err  error
+}
+
+// newRefundJob builds the refund of what g committed: every check that
+// allowed with a cost (shadow checks included). nil when g took nothing.
+func newRefundJob(b *Batch, g *slotGroup, results []Result, markerTTL time.Duration) *refundJob {
+	j := &refundJob{args: []any{b.NowUS, markerTTL.Milliseconds()}}
+	for _, i := range g.idx {
+		c, r := &b.Checks[i], &results[i]
+		if !r.Allowed || c.Cost <= 0 {
+			continue
+		}
+		j.keys = append(j.keys, c.Key)
+		j.idx = append(j.idx, i)
+		j.args = append(j.args, lua.Code(string(c.Algorithm)), c.Limit, c.PeriodUS, c.Burst, c.Cost,
+			g.at, r.Remaining, r.ResetUS)
+	}
+	if len(j.keys) == 0 {
+		return nil
+	}
+	j.keys = append(j.keys, refundMarker(j.keys[0]))
+	return j
+}
+
+// refundMarker returns a fresh marker key in the slot of key: its hash tag
+// and ":refund:<random id>", e.g. "rg:{login:1.2.3.4}:refund:9f86d081884c7d65".
+func refundMarker(key string) string {
+	id := strconv.FormatUint(rand.Uint64(), 16)
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[:i+1+j+1] + ":refund:" + id
+		}
+	}
+	// No hash tag: the whole key is hashed, so make it the tag (keys that
+	// would not survive that are not rategate's; AppendKey always tags).
+	return "{" + key + "}:refund:" + id
+}
+
+// refundMarkerTTL keeps a marker until no retry of its refund can arrive:
+// the request's deadline, then the background attempt, with a margin.
+func refundMarkerTTL(ctx context.Context) time.Duration {
+	ttl := backgroundRefundTimeout + time.Second
+	if d, ok := ctx.Deadline(); ok {
+		ttl += max(time.Until(d), 0)
+	}
+	return ttl
+}
+
+// runRefund runs one slot's refund and, when results is not nil, reports
+// the refunded checks' quota as it now stands.
+func (s *RedisStore) runRefund(ctx context.Context, j *refundJob, results []Result) error {
+	reply, err := s.refund.Run(ctx, s.client, j.keys, j.args...).Result()
+	if err != nil {
+		return fmt.Errorf("redis store: refund (slot %d): %w", KeySlot(j.keys[0]), err)
+	}
+	res := make([]Result, len(j.idx))
+	if _, _, err := parseReply(reply, 1, res); err != nil {
+		return err
+	}
+	if results != nil {
+		for k, i := range j.idx {
+			results[i] = res[k]
+		}
+	}
+	return nil
+}
+
+// refundLater runs j in the background with its own deadline, at most once.
+func (s *RedisStore) refundLater(j *refundJob) {
+	st := &s.bg.stats
+	started := s.bg.goRun(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, backgroundRefundTimeout)
+		defer cancel()
+		if err := s.runRefund(ctx, j, nil); err != nil {
+			s.noteError(err)
+			st.lost.Add(1)
+			return
+		}
+		st.late.Add(1)
+	})
+	if !started {
+		st.lost.Add(1)
+	}
+}
+
+// noteError asks a cluster client to reload the slot map after a failure:
+// go-redis follows MOVED and ASK by itself, but after a failover the old
+// primary simply does not answer, and the map would otherwise only be
+// refreshed every ClusterStateReloadInterval (a minute). The reload runs in
+// the background, at most every 200 ms.
+func (s *RedisStore) noteError(err error) {
+	if s.topology != Cluster || errors.Is(err, context.Canceled) {
+		return
+	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
+
+// pingCluster checks that every primary answers and every slot has one, and
+// names the primaries. Two round trips of wall time: the slot map (which
+// ForEachMaster reloads) and CLUSTER SLOTS in parallel, then the primaries.
+func (s *RedisStore) pingCluster(ctx context.Context, cc *redis.ClusterClient) error {
+	var slots []redis.ClusterSlot
+	var slotsErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		slots, slotsErr = cc.ClusterSlots(ctx).Result()
+	}()
+	var mu sync.Mutex
+	var primaries []string
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		addr := c.Options().Addr
+		if err := s.pingAndLoad(ctx, c); err != nil {
+			return fmt.Errorf("primary %s: %w", addr, err)
+		}
+		mu.Lock()
+		primaries = append(primaries, addr)
+		mu.Unlock()
+		return nil
+	})
+	<-done
+	if err != nil {
+		s.noteError(err)
+		return err
+	}
+	if len(primaries) == 0 {
+		s.noteError(errNoPrimary)
+		return errNoPrimary
+	}
+	if slotsErr != nil {
+		s.noteError(slotsErr)
+		return fmt.Errorf("cluster slots: %w", slotsErr)
+	}
+	if gaps := uncoveredSlots(slots); gaps != "" {
+		return fmt.Errorf("no primary serves slots %s", gaps)
+	}
+	sort.Strings(primaries)
+	name := fmt.Sprintf("redis cluster (%d primaries: %s)", len(primaries), strings.Join(primaries, " "))
+	s.name.Store(&name)
+	return nil
+}
+
+var errNoPrimary = errors.New("no cluster primary known (are the seed nodes up?)")
+
+// uncoveredSlots lists the slots no range in slots serves ("0-5460,
+// 10923-16383"), or "" when every slot has a primary.
+func uncoveredSlots(slots []redis.ClusterSlot) string {
+	var covered [NumSlots]bool
+	for _, r := range slots {
+		if len(r.Nodes) == 0 {
+			continue
+		}
+		for i := max(r.Start, 0); i <= r.End && i < NumSlots; i++ {
+			covered[i] = true
+		}
+	}
+	var gaps []string
+	for i := 0; i < NumSlots; i++ {
+		if covered[i] {
+			continue
+		}
+		j := i
+		for j+1 < NumSlots && !covered[j+1] {
+			j++
+		}
+		if i == j {
+			gaps = append(gaps, strconv.Itoa(i))
+		} else {
+			gaps = append(gaps, fmt.Sprintf("%d-%d", i, j))
+		}
+		i = j
+	}
+	return strings.Join(gaps, ",")
+}
+
+// pingSentinel checks that the server the sentinels named is a primary and
+// names it: "redis sentinel mymaster (primary 10.0.0.5:6379, 1 replica)".
+func (s *RedisStore) pingSentinel(ctx context.Context, c *redis.Client) error {
+	var role *redis.Cmd
+	var info *redis.ClientInfoCmd
+	var exists *redis.BoolSliceCmd
+	// One round trip. CLIENT INFO (Redis >= 6.2) only names the primary:
+	// its failure is not a readiness failure.
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		role = p.Do(ctx, "ROLE")
+		info = p.ClientInfo(ctx)
+		exists = p.ScriptExists(ctx, s.scriptHashes()...)
+		return nil
+	})
+	if err := role.Err(); err != nil {
+		return err
+	}
+	arr, _ := role.Val().([]any)
+	if len(arr) == 0 {
+		return fmt.Errorf("ROLE answered %v", role.Val())
+	}
+	if r, _ := arr[0].(string); r != "master" {
+		return fmt.Errorf("the server the sentinels named is a %v, not a primary (failover in progress?)", arr[0])
+	}
+	if err := s.loadMissing(ctx, c, exists); err != nil {
+		return err
+	}
+	replicas := 0
+	if len(arr) >= 3 {
+		if l, ok := arr[2].([]any); ok {
+			replicas = len(l)
+		}
+	}
+	master := "unknown address"
+	if ci := info.Val(); info.Err() == nil && ci != nil && ci.LAddr != "" {
+		master = ci.LAddr
+	}
+	plural := "s"
+	if replicas == 1 {
+		plural = ""
+	}
+	name := fmt.Sprintf("redis sentinel %s (primary %s, %d replica%s)", s.master, master, replicas, plural)
+	s.name.Store(&name)
+	return nil
+}
+
+// Warm loads the scripts on every primary (or on the one Redis) and so
+// opens a connection to each: the first decisions then do not pay for
+// NOSCRIPT and EVAL of the whole script, which can exceed a 50 ms budget.
+// Call it once at start; Ping reloads scripts a new primary lacks.
+func (s *RedisStore) Warm(ctx context.Context) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if err := s.load(ctx, c); err != nil {
+				return fmt.Errorf("primary %s: %w", c.Options().Addr, err)
+			}
+			return nil
+		})
+	}
+	return s.load(ctx, s.client)
+}
+
+// scripts returns the store's scripts: decide, and refund on a cluster.
+func (s *RedisStore) scripts() []*redis.Script {
+	if s.refund != nil {
+		return []*redis.Script{s.script, s.refund}
+	}
+	return []*redis.Script{s.script}
+}
+
+func (s *RedisStore) scriptHashes() []string {
+	var hs []string
+	for _, sc := range s.scripts() {
+		hs = append(hs, sc.Hash())
+	}
+	return hs
+}
+
+func (s *RedisStore) load(ctx context.Context, c redis.Scripter) error {
+	for _, sc := range s.scripts() {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("script load: %w", err)
+		}
+	}
+	return nil
+}
+
+// pingAndLoad pings one server and, in the same round trip, checks that it
+// has the scripts; it loads the ones it lacks (a replica just promoted).
+func (s *RedisStore) pingAndLoad(ctx context.Context, c *redis.Client) error {
+	var ping *redis.StatusCmd
+	var exists *redis.BoolSliceCmd
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		ping = p.Ping(ctx)
+		exists = p.ScriptExists(ctx, s.scriptHashes()...)
+		return nil
+	})
+	if err := ping.Err(); err != nil {
+		return err
+	}
+	return s.loadMissing(ctx, c, exists)
+}
+
+// loadMissing loads the scripts SCRIPT EXISTS said the server lacks.
+func (s *RedisStore) loadMissing(ctx context.Context, c redis.Scripter, exists *redis.BoolSliceCmd) error {
+	have, err := exists.Result()
+	if err != nil {
+		return nil // an old server or an ACL without SCRIPT: EVAL will do
+	}
+	for i, sc := range s.scripts() {
+		if i < len(have) && !have[i] {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("script load: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// refundScript assembles refund.lua the way lua.Decide assembles decide.lua:
+// every algorithm's functions (the part of lua/<algo>.lua above its
+// "@standalone" line, <algo>_refund included), then the driver with its
+// two tables filled in.
+func refundScript() (string, error) {
+	var sb strings.Builder
+	var algos, refunds []string
+	for _, a := range Algorithms {
+		code := lua.Code(string(a))
+		if code == 0 {
+			continue
+		}
+		src, err := lua.Source(string(a) + ".lua")
+		if err != nil {
+			return "", err
+		}
+		cut := strings.Index(src, standaloneMarker)
+		if cut < 0 {
+			return "", fmt.Errorf("lua: %s.lua has no %q line", a, standaloneMarker)
+		}
+		if !strings.Contains(src[:cut], "local function "+string(a)+"_refund(") {
+			return "", fmt.Errorf("lua: %s.lua has no %s_refund above its %q line", a, a, standaloneMarker)
+		}
+		sb.WriteString(src[:cut])
+		sb.WriteString("\n")
+		algos = append(algos, fmt.Sprintf("[%d] = %s", code, a))
+		refunds = append(refunds, fmt.Sprintf("[%d] = %s_refund", code, a))
+	}
+	drv, err := lua.Source("refund.lua")
+	if err != nil {
+		return "", err
+	}
+	drv = strings.Replace(drv, "ALGORITHM_TABLE", strings.Join(algos, ", "), 1)
+	drv = strings.Replace(drv, "REFUND_TABLE", strings.Join(refunds, ", "), 1)
+	sb.WriteString(drv)
+	return sb.String(), nil
+}
+
+// standaloneMarker ends the part of a lua/<algo>.lua that scripts include.
+const standaloneMarker = "-- @standalone"

@@ -1,0 +1,214 @@
+package limits
+
+import (
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/internal/testredis"
+)
+
+// TestSentinel runs rategate over a real Sentinel deployment (one primary,
+// one replica, three sentinels): exact concurrent limiting, one script per
+// request, the URL form, then the primary is killed under load. Every
+// decision is answered within the timeout, the sentinels promote the
+// replica, the client follows, exact limiting resumes, readiness names the
+// new primary, and no goroutine is left behind.
+func TestSentinel(t *testing.T) {
+	before := runtime.NumGoroutine()
+	s := testredis.StartSentinel(t)
+	rs, err := OpenRedis(RedisOptions{SentinelMaster: s.Master, SentinelAddrs: s.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			rs.Close()
+		}
+	}()
+	ctx := testredis.Ctx(t)
+	if rs.Topology() != Sentinel {
+		t.Fatalf("topology %s, want sentinel", rs.Topology())
+	}
+	if err := rs.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := s.Servers[0].Addr
+	if want := "redis sentinel mymaster (primary " + old + ", 1 replica)"; rs.Name() != want {
+		t.Fatalf("Name() = %q, want %q", rs.Name(), want)
+	}
+
+	t.Run("exact", func(t *testing.T) { exactAllAlgorithms(t, rs, "sentinel") })
+
+	t.Run("one script per request", func(t *testing.T) {
+		var scripts atomic.Int64
+		rs.Client().AddHook(countHook{&scripts})
+		user := Check{Key: "rg:{u:alice}:fw", Algorithm: FixedWindow, Limit: 2, PeriodUS: PeriodUS(time.Hour), Burst: 2, Cost: 1}
+		global := Check{Key: "rg:{global:}:gc", Algorithm: GCRA, Limit: 100, PeriodUS: PeriodUS(time.Hour), Burst: 100, Cost: 1}
+		if KeySlot(user.Key) == KeySlot(global.Key) {
+			t.Fatal("pick keys in two slots")
+		}
+		res := make([]Result, 2)
+		admitted := 0
+		for i := 0; i < 5; i++ {
+			a, err := rs.Decide(ctx, &Batch{Checks: []Check{user, global}}, res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a {
+				admitted++
+			}
+		}
+		if admitted != 2 || scripts.Load() != 5 {
+			t.Fatalf("admitted %d with %d scripts, want 2 admitted with 5 (one per request, no refunds)", admitted, scripts.Load())
+		}
+		if g, _ := rs.Peek(ctx, global); g.Remaining != 98 {
+			t.Fatalf("global remaining %d, want 98", g.Remaining)
+		}
+	})
+
+	t.Run("url", func(t *testing.T) {
+		addrs := s.Addrs()
+		u := "redis://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2] + "&master_name=" + s.Master
+		us, err := OpenRedis(RedisOptions{URL: u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer us.Close()
+		if us.Topology() != Sentinel {
+			t.Fatalf("%s opened as %s, want sentinel", u, us.Topology())
+		}
+		if err := us.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(us.Name(), "primary "+old) {
+			t.Fatalf("Name() = %q", us.Name())
+		}
+	})
+
+	l := NewLimiter(rs, "rg", failoverRules())
+	local := NewMemoryStore()
+	defer func() {
+		if !closed {
+			local.Close()
+		}
+	}()
+	l.SetFallback(local, 1)
+	stalls := startStallMeter()
+	ld := startLoad(t, l, 4)
+	time.Sleep(300 * time.Millisecond)
+	killedAt := time.Now()
+	s.Servers[0].Stop()
+	t.Logf("killed primary %s under load", old)
+	promoted, err := s.WaitPrimary(old, 30*time.Second)
+	if err != nil {
+		ld.Stop()
+		t.Fatalf("%v\n%s", err, s.Logs())
+	}
+	t.Logf("sentinels promoted %s %v after the kill", promoted, time.Since(killedAt).Round(time.Millisecond))
+	waitDecides(t, rs, []string{"rg:{after:1}:fw"}, 10*time.Second)
+	t.Logf("the store decides on the new primary %v after the kill", time.Since(killedAt).Round(time.Millisecond))
+	time.Sleep(200 * time.Millisecond)
+	ld.Stop()
+	t.Logf("load: %s", ld)
+	checkLatency(t, "sentinel failover", time.Duration(ld.maxLat.Load()), stalls.Stop())
+	if ld.local.Load() == 0 {
+		t.Error("no decision fell back while there was no primary: the outage was not exercised")
+	}
+
+	if err := rs.Ping(ctx); err != nil {
+		t.Fatalf("Ping after failover: %v", err)
+	}
+	if !strings.Contains(rs.Name(), "primary "+promoted) {
+		t.Errorf("Name() = %q, want the new primary %s", rs.Name(), promoted)
+	}
+	t.Logf("ready: %s", rs.Name())
+	exactAllAlgorithms(t, rs, "after-failover")
+
+	rs.Close()
+	local.Close()
+	closed = true
+	waitGoroutines(t, before, 10*time.Second)
+}
+
+// exactAllAlgorithms checks that 200 concurrent requests admit exactly the
+// limit of 50, for every algorithm.
+func exactAllAlgorithms(t *testing.T, s Store, tag string) {
+	t.Helper()
+	for _, algo := range Algorithms {
+		ch := Check{Key: "rg:{" + tag + ":" + string(algo) + "}:" + algo.Suffix(), Algorithm: algo, Limit: 50,
+			PeriodUS: PeriodUS(concurrencyPeriod), Burst: 50, Cost: 1}
+		if got := hammer(t, s, 200, func(int) []Check { return []Check{ch} }); got != 50 {
+			t.Fatalf("%s: admitted %d of 200 concurrent requests, want exactly 50", algo, got)
+		}
+	}
+}
+
+// TestOpenRedisURLForms: go-redis's URL forms pick the topology.
+func TestOpenRedisURLForms(t *testing.T) {
+	c := sharedCluster.get(t)
+	ctx := testredis.Ctx(t)
+	addrs := c.Addrs()
+	for _, tc := range []struct {
+		url  string
+		want Topology
+	}{
+		{"redis://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2], Cluster},
+		{"redis://" + addrs[0] + "?addr=" + addrs[0], Cluster}, // one seed, repeated
+	} {
+		s, err := OpenRedis(RedisOptions{URL: tc.url})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.url, err)
+		}
+		if s.Topology() != tc.want {
+			t.Errorf("%s: topology %s, want %s", tc.url, s.Topology(), tc.want)
+		}
+		if err := s.Ping(ctx); err != nil {
+			t.Errorf("%s: ping: %v", tc.url, err)
+		}
+		if !strings.HasPrefix(s.Name(), "redis cluster (3 primaries: ") {
+			t.Errorf("%s: Name() = %q", tc.url, s.Name())
+		}
+		s.Close()
+	}
+	srv := testredis.Start(t)
+	s, err := OpenRedis(RedisOptions{URL: "redis://" + srv.Addr + "/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Topology() != Standalone || s.Name() != "redis "+srv.Addr {
+		t.Fatalf("plain URL: %s %q", s.Topology(), s.Name())
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"redis://h:1?addr=nope", "redis://h:1?master_name=m&bogus=1", "http://h:1", "redis://%zz"} {
+		if _, err := OpenRedis(RedisOptions{URL: bad}); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+	if _, err := OpenRedis(RedisOptions{}); err == nil {
+		t.Error("no topology: no error")
+	}
+}
+
+// TestClusterReadinessNamesTopology: a cluster store's Ping names every
+// primary; before any Ping the name shows the seeds.
+func TestClusterReadinessNamesTopology(t *testing.T) {
+	c := sharedCluster.get(t)
+	rs := openClusterStore(t, c)
+	if got := rs.Name(); !strings.HasPrefix(got, "redis cluster via ") {
+		t.Fatalf("Name() before Ping = %q", got)
+	}
+	if err := rs.Ping(testredis.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	_, primaries := slotOwners(t, c)
+	if want := "redis cluster (3 primaries: " + strings.Join(primaries, " ") + ")"; rs.Name() != want {
+		t.Fatalf("Name() = %q, want %q", rs.Name(), want)
+	}
+}

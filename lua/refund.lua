@@ -1,0 +1,58 @@
+-- refund.lua — give back what the admitted part of a denied request consumed.
+--
+-- On Redis Cluster the rules of one request usually live in different hash
+-- slots, and one script can only touch one slot. rategate then runs
+-- decide.lua once per slot, in parallel; when some slot denies, the slots
+-- that admitted (and so committed) are handed to this script, which undoes
+-- their commits and reports their quota as it now stands. rategate prepends
+-- the algorithm functions and their <algo>_refund twins (the part of each
+-- lua/<algo>.lua above its "@standalone" line) and loads the result as one
+-- script, like decide.lua.
+--
+-- KEYS[1..n]  the keys to refund (all in one hash slot)
+-- KEYS[n+1]   this refund's marker, in the same slot: "<prefix>:{tag}:refund:<id>"
+-- ARGV[1]  now in microseconds, or 0 to use Redis TIME
+-- ARGV[2]  how long the marker lives, ms
+-- ARGV[3+8(i-1) ...]  per key: algorithm code, limit, period_us, burst, cost,
+--          then what decide.lua reported for it when it committed: at_us (its
+--          now), remaining, reset_us
+-- Reply    {now_us, then per key: allowed, remaining, reset_us, retry_us}, each
+--          a zero-cost look after the refund (decide.lua's shape for a rule
+--          that would have allowed a denied request)
+--
+-- Exactly once: the marker is set with NX, and a refund whose marker exists
+-- already gives nothing back, so a resend (a retry after a lost reply) cannot
+-- return the quota twice. A refund only ever gives back what the request
+-- still holds (see each <algo>_refund): a late or lost refund leaves the
+-- limiter stricter than exact, never looser.
+
+local algorithms = {ALGORITHM_TABLE}
+local refunds = {REFUND_TABLE}
+
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local n = #KEYS - 1
+local fresh = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[2])
+local reply = {now}
+for i = 1, n do
+  local b = 3 + (i - 1) * 8
+  local code = tonumber(ARGV[b])
+  local algo, refund = algorithms[code], refunds[code]
+  if not algo or not refund then
+    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[b]))
+  end
+  local limit, period, burst, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+    tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  if fresh and cost > 0 then
+    refund(KEYS[i], now, limit, period, burst, cost,
+      tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]))
+  end
+  local a, rem, reset, retry = algo(KEYS[i], now, limit, period, burst, 0)
+  local o = 2 + (i - 1) * 4
+  reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
+end
+return reply

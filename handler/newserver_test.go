@@ -1,0 +1,326 @@
+package handler
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+	"github.com/rs/zerolog"
+)
+
+// These tests run the hardened server of NewServer, with short timeouts,
+// against clients that misbehave on purpose.
+
+// hardened serves a handler over the memory limiter (one generous per-IP
+// rule) with NewServer(opts) on a loopback port until the test ends.
+func hardened(t *testing.T, opts ServerOptions) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	noErr(t, err)
+	return hardenedOn(t, opts, ln)
+}
+
+// hardenedOn is hardened on a listener of the test's making.
+func hardenedOn(t *testing.T, opts ServerOptions, ln net.Listener) string {
+	t.Helper()
+	l, store := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
+	srv := NewServer(New(l, store, Options{}), opts)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		noErr(t, ln.Close())
+		noErr(t, <-done)
+	})
+	return ln.Addr().String()
+}
+
+const goodRequest = "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\n\r\n"
+
+// dial opens a connection with a 5s deadline for everything.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	noErr(t, err)
+	noErr(t, c.SetDeadline(time.Now().Add(5*time.Second)))
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// readStatus reads one response from br and returns its status and body.
+func readStatus(t *testing.T, br *bufio.Reader) (int, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	noErr(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	noErr(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// timedGood sends a good request on a new connection and returns the status
+// and how long the answer took.
+func timedGood(t *testing.T, addr string) (int, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	c := dial(t, addr)
+	_, err := io.WriteString(c, goodRequest)
+	noErr(t, err)
+	status, _ := readStatus(t, bufio.NewReader(c))
+	c.Close()
+	return status, time.Since(start)
+}
+
+// waitClosed reads from c until the server closes it (or answers and then
+// closes), failing the test if that takes longer than within.
+func waitClosed(t *testing.T, c net.Conn, within time.Duration) {
+	t.Helper()
+	if !closedWithin(c, within) {
+		t.Fatalf("connection still open after %v", within)
+	}
+}
+
+// closedWithin reads and discards from c until the server closes it and
+// reports whether that happened within the given time.
+func closedWithin(c net.Conn, within time.Duration) bool {
+	if err := c.SetReadDeadline(time.Now().Add(within)); err != nil {
+		return true // already closed on our side
+	}
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
+}
+
+func TestServerAnswersBeforeTheBody(t *testing.T) {
+	addr := hardened(t, ServerOptions{})
+	// A 10 MB body announced, 2 KiB sent: the answer comes from the headers
+	// at once, and the server closes the connection instead of reading 10 MB.
+	c := dial(t, addr)
+	head := strings.Replace(goodRequest, "\r\n\r\n", "\r\nContent-Length: 10000000\r\n\r\n", 1)
+	_, err := io.WriteString(c, head+strings.Repeat("x", 2048))
+	noErr(t, err)
+	start := time.Now()
+	br := bufio.NewReader(c)
+	status, _ := readStatus(t, br)
+	equal(t, 204, status)
+	check(t, time.Since(start) < time.Second, "answer took %v", time.Since(start))
+	waitClosed(t, c, 2*time.Second)
+
+	// An endless chunked body: same.
+	c = dial(t, addr)
+	head = strings.Replace(goodRequest, "\r\n\r\n", "\r\nTransfer-Encoding: chunked\r\n\r\n", 1)
+	_, err = io.WriteString(c, head+"400\r\n"+strings.Repeat("y", 1024)+"\r\n")
+	noErr(t, err)
+	status, _ = readStatus(t, bufio.NewReader(c))
+	equal(t, 204, status)
+
+	// A small body is skipped and the connection stays usable: the body is
+	// never parsed as a second request.
+	c = dial(t, addr)
+	smuggled := "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /smuggled\r\nX-Real-IP: 192.0.2.66\r\n\r\n"
+	head = strings.Replace(goodRequest, "\r\n\r\n", "\r\nContent-Length: "+strconv.Itoa(len(smuggled))+"\r\n\r\n", 1)
+	_, err = io.WriteString(c, head+smuggled+goodRequest)
+	noErr(t, err)
+	br = bufio.NewReader(c)
+	for i := range 2 {
+		status, _ := readStatus(t, br)
+		equal(t, 204, status, "response %d", i)
+	}
+	noErr(t, c.SetReadDeadline(time.Now().Add(200*time.Millisecond)))
+	_, err = br.ReadByte()
+	check(t, err != nil, "a third response: the body was parsed as a request")
+}
+
+func TestServerHeadSizes(t *testing.T) {
+	addr := hardened(t, ServerOptions{})
+	// Four 8 KiB identity headers, NGINX's largest lines, reach the handler.
+	big := strings.Repeat("u", 8<<10)
+	req := "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /" + big + "\r\nX-Real-IP: 192.0.2.1\r\n" +
+		"X-User-Id: " + big + "\r\nX-Original-Host: " + big + "\r\nX-Plan: " + big + "\r\nConnection: close\r\n\r\n"
+	c := dial(t, addr)
+	_, err := io.WriteString(c, req)
+	noErr(t, err)
+	status, body := readStatus(t, bufio.NewReader(c))
+	equal(t, 204, status, body)
+
+	// A head larger than the read buffer gets 431 and the connection ends.
+	c = dial(t, addr)
+	req = "GET /auth HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-Junk: "+strings.Repeat("j", 1000)+"\r\n", 80) + "\r\n"
+	_, _ = io.WriteString(c, req) // the server may close before reading it all
+	status, _ = readStatus(t, bufio.NewReader(c))
+	equal(t, 431, status)
+}
+
+func TestServerMaxConns(t *testing.T) {
+	addr := hardened(t, ServerOptions{MaxConns: 4})
+	// Four keep-alive connections, each having made a request, fill it.
+	conns := make([]net.Conn, 4)
+	for i := range conns {
+		conns[i] = dial(t, addr)
+		_, err := io.WriteString(conns[i], goodRequest)
+		noErr(t, err)
+		status, _ := readStatus(t, bufio.NewReader(conns[i]))
+		equal(t, 204, status)
+	}
+	// The fifth gets a clear 503 and is closed.
+	c := dial(t, addr)
+	_, _ = io.WriteString(c, goodRequest)
+	status, body := readStatus(t, bufio.NewReader(c))
+	equal(t, 503, status)
+	check(t, strings.Contains(body, "Concurrency limit exceeded"), "503 body %q does not say why", body)
+
+	// One leaves; a new connection is served again.
+	conns[0].Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		status, _ := timedGood(t, addr)
+		if status == 204 {
+			break
+		}
+		check(t, time.Now().Before(deadline), "still %d 2s after a connection was freed", status)
+		if t.Failed() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestServerSlowLoris(t *testing.T) {
+	addr := hardened(t, ServerOptions{ReadTimeout: 300 * time.Millisecond})
+	// 100 clients trickle a request head one byte every 50ms, which would
+	// take them many seconds to finish.
+	const n = 100
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	closedAfter := make(chan time.Duration, n)
+	start := time.Now()
+	for range n {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		noErr(t, err)
+		wg.Go(func() {
+			defer c.Close()
+			for _, b := range []byte(goodRequest) {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+				if _, err := c.Write([]byte{b}); err != nil {
+					break
+				}
+			}
+			if closedWithin(c, 3*time.Second) {
+				closedAfter <- time.Since(start)
+			} else {
+				closedAfter <- time.Hour
+			}
+		})
+	}
+	// Meanwhile a well-behaved client is answered at once.
+	for range 10 {
+		status, d := timedGood(t, addr)
+		equal(t, 204, status)
+		check(t, d < time.Second, "good request took %v during the slow-loris", d)
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Every slow connection is closed by the server shortly after its
+	// ReadTimeout, long before it could finish its request.
+	wg.Wait()
+	close(stop)
+	close(closedAfter)
+	var worst time.Duration
+	for d := range closedAfter {
+		worst = max(worst, d)
+	}
+	t.Logf("100 slow-loris connections closed by the server within %v (ReadTimeout 300ms; finishing would take %v)",
+		worst, time.Duration(len(goodRequest))*50*time.Millisecond)
+	check(t, worst < 2*time.Second, "slow connections held for %v", worst)
+}
+
+func TestServerIdleTimeout(t *testing.T) {
+	addr := hardened(t, ServerOptions{IdleTimeout: 200 * time.Millisecond})
+	c := dial(t, addr)
+	_, err := io.WriteString(c, goodRequest)
+	noErr(t, err)
+	br := bufio.NewReader(c)
+	status, _ := readStatus(t, br)
+	equal(t, 204, status)
+	start := time.Now()
+	waitClosed(t, c, 2*time.Second)
+	check(t, time.Since(start) < time.Second, "idle connection closed after %v", time.Since(start))
+}
+
+func TestServerClientThatNeverReads(t *testing.T) {
+	// Small server-side send buffers (accepted sockets inherit the
+	// listener's), so the server's writes block after a few hundred
+	// answers however slowly a busy machine runs it.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4096)
+		})
+		return errors.Join(err, serr)
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	noErr(t, err)
+	addr := hardenedOn(t, ServerOptions{WriteTimeout: 200 * time.Millisecond}, ln)
+	// Pipeline far more requests than the socket buffers hold answers for,
+	// and never read: the server's writes block, it stops reading, and
+	// after its write timeout it closes the connection, which the writer
+	// sees as a broken pipe or a reset. Without the timeout the writer
+	// would block until its own 10s deadline.
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	noErr(t, err)
+	defer c.Close()
+	if tc, ok := c.(*net.TCPConn); ok {
+		noErr(t, tc.SetReadBuffer(4096))
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		batch := strings.Repeat(goodRequest, 100)
+		_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		for range 3000 { // 24 MB of requests, more than any socket buffers
+			if _, err := io.WriteString(c, batch); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	time.Sleep(500 * time.Millisecond)
+	status, d := timedGood(t, addr)
+	equal(t, 204, status)
+	check(t, d < time.Second, "good request took %v", d)
+	select {
+	case err := <-wrote:
+		var ne net.Error
+		check(t, err != nil && !(errors.As(err, &ne) && ne.Timeout()),
+			"writer ended with %v, want the server to have closed the connection", err)
+	case <-time.After(12 * time.Second):
+		t.Fatal("writer still blocked after 12s")
+	}
+}
+
+func TestServerLogsAreSampled(t *testing.T) {
+	var out syncBuffer
+	addr := hardened(t, ServerOptions{Logger: zerolog.New(&out).Level(zerolog.DebugLevel)})
+	for range 300 {
+		c := dial(t, addr)
+		_, _ = io.WriteString(c, "\x16\x03\x01garbage that is not HTTP\r\n\r\n")
+		_, _ = io.Copy(io.Discard, c)
+		c.Close()
+	}
+	n := out.lines(`"component":"fasthttp"`)
+	check(t, n >= 1 && n <= 10, "%d fasthttp log lines for 300 garbage requests, want a sampled few", n)
+	check(t, out.lines("garbage") == 0, "the client's bytes reached the log")
+}

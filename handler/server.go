@@ -1,0 +1,129 @@
+package handler
+
+import (
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+)
+
+// Defaults of ServerOptions. They are sized for the one client the main
+// listener has, NGINX: it sends a complete, bodyless subrequest at once and
+// keeps a pool of keep-alive connections (upstream keepalive_timeout 60s).
+const (
+	// DefaultReadTimeout bounds reading one request, headers and all, from
+	// its first byte (a new connection: from accept). A slow-loris client
+	// holds a connection no longer than this.
+	DefaultReadTimeout = 5 * time.Second
+	// DefaultWriteTimeout bounds writing one response.
+	DefaultWriteTimeout = 5 * time.Second
+	// DefaultIdleTimeout is how long a keep-alive connection may wait for
+	// its next request; longer than NGINX's upstream keepalive_timeout, so
+	// rategate does not close a connection NGINX is about to reuse.
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultReadBufferSize is the largest request head accepted (request
+	// line plus headers): NGINX's large_client_header_buffers allows 8 KiB
+	// per header line, and several identity headers may be that long.
+	// Larger heads get 431.
+	DefaultReadBufferSize = 64 << 10
+	// DefaultMaxConns is the number of connections served at once. The
+	// next one gets "503 Service Unavailable" and is closed. Together with
+	// DefaultReadBufferSize it bounds the memory hostile clients can pin:
+	// at most MaxConns × ReadBufferSize (512 MiB at the defaults) while
+	// every connection is mid-request, far less when idle.
+	DefaultMaxConns = 8192
+	// maxRequestBodySize is what the server reads of a request body before
+	// calling the handler. /auth never looks at a body (NGINX sends none);
+	// the little that is pre-read keeps pipelined requests framed, anything
+	// longer is skipped after the answer or the connection is closed.
+	maxRequestBodySize = 1 << 10
+)
+
+// ServerOptions configures NewServer. The zero value of every field means
+// its default.
+type ServerOptions struct {
+	// ReadTimeout, WriteTimeout, IdleTimeout: see the Default constants.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// ReadBufferSize is the largest request head, at least 64 KiB.
+	ReadBufferSize int
+	// MaxConns is the number of connections served at once (fasthttp's
+	// Concurrency); beyond it new connections get 503 and are closed.
+	MaxConns int
+	// MaxConnsPerIP, when positive, caps the connections one client address
+	// may hold (beyond it fasthttp answers 429 and closes). It is off by
+	// default: the clients are the NGINX boxes, so a per-IP cap would
+	// throttle NGINX itself, and NGINX would read fasthttp's 429 as a
+	// rate-limit denial.
+	MaxConnsPerIP int
+	// Logger receives fasthttp's own messages (malformed requests, refused
+	// connections) at debug level, sampled: they are about clients, and a
+	// flood of garbage must not become a flood of log lines.
+	Logger zerolog.Logger
+}
+
+// NewServer returns the hardened fasthttp server of the main listener,
+// serving h. The caller runs it with Serve(listener) and stops it with
+// Shutdown.
+func NewServer(h *Handler, opts ServerOptions) *fasthttp.Server {
+	or := func(v, def time.Duration) time.Duration {
+		if v <= 0 {
+			return def
+		}
+		return v
+	}
+	maxConns := opts.MaxConns
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	return &fasthttp.Server{
+		Handler:        h.Serve,
+		Name:           "rategate",
+		ReadTimeout:    or(opts.ReadTimeout, DefaultReadTimeout),
+		WriteTimeout:   or(opts.WriteTimeout, DefaultWriteTimeout),
+		IdleTimeout:    or(opts.IdleTimeout, DefaultIdleTimeout),
+		ReadBufferSize: max(opts.ReadBufferSize, DefaultReadBufferSize),
+		Concurrency:    maxConns,
+		MaxConnsPerIP:  max(opts.MaxConnsPerIP, 0),
+		// The handler answers from the headers alone: the body is not read
+		// before it runs (beyond a 1 KiB pre-read), and what is left of it
+		// is discarded afterwards, or the connection closed.
+		StreamRequestBody:            true,
+		MaxRequestBodySize:           maxRequestBodySize,
+		DisablePreParseMultipartForm: true,
+		// Idle keep-alive connections give their read buffer back to the
+		// pool, so a large NGINX keep-alive pool does not pin 64 KiB each.
+		ReduceMemoryUsage: true,
+		// During shutdown, answers say Connection: close so NGINX stops
+		// reusing the connection.
+		CloseOnShutdown:       true,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		// fasthttp's error messages leave the request's bytes out: hostile
+		// input must not reach the log.
+		SecureErrorLogMessage: true,
+		Logger:                newFasthttpLogger(opts.Logger),
+	}
+}
+
+// fasthttpLogger routes fasthttp's messages to zerolog, at most a few lines
+// per second plus every 1000th. Messages about one client's malformed
+// request are debug; the connection limits being hit is a warning (fasthttp
+// itself says so at most once a minute).
+type fasthttpLogger struct{ log zerolog.Logger }
+
+func newFasthttpLogger(log zerolog.Logger) fasthttpLogger {
+	return fasthttpLogger{log: log.Sample(&zerolog.BurstSampler{
+		Burst: 5, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
+	})}
+}
+
+// Printf implements fasthttp.Logger.
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	ev := l.log.Debug()
+	if strings.HasPrefix(format, "The incoming connection cannot be served") ||
+		strings.HasPrefix(format, "The number of connections from") {
+		ev = l.log.Warn()
+	}
+	ev.Str("component", "fasthttp").Msgf(format, args...)
+}

@@ -1,0 +1,426 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// This file holds the circuit breaker in front of the shared store. Without
+// it a dead or frozen Redis costs every request the whole decision budget
+// (redis.timeout) before the failure mode answers — the failure
+// envoyproxy/ratelimit#462 describes. With it, after a few consecutive
+// failures requests stop waiting for Redis at all: they get ErrBreakerOpen
+// in microseconds, the limiter's local fallback or the handler's
+// failure_mode answers, and one background goroutine probes Redis until it
+// answers again.
+//
+//	closed ──FailureThreshold consecutive failures,──► open
+//	         lasting at least OpenAfter
+//	open ──────a probe PING answers─────────────────► half-open
+//	half-open ──HalfOpenTrials successes in a row───► closed
+//	half-open ──a trial call fails──────────────────► open (probing again)
+//
+// Why a probe and not a trial request after a pause: a request that tries a
+// dead store waits the whole budget, and a frozen Redis would cost one such
+// request per pause forever. The probe waits instead, off the request path.
+// Why half-open at all: PING can answer while decisions cannot (Redis
+// OOM, MISCONF, READONLY after a failover), so one real call
+// confirms before every call goes back to the store.
+
+// BreakerState is the state of a Breaker. Its numeric value is what a gauge
+// exports: 0 closed, 1 open, 2 half-open.
+type BreakerState int32
+
+// The breaker states.
+const (
+	// BreakerClosed: every call goes to the store; failures are counted.
+	BreakerClosed BreakerState = 0
+	// BreakerOpen: no call goes to the store; calls fail at once with
+	// ErrBreakerOpen while a background probe pings the store.
+	BreakerOpen BreakerState = 1
+	// BreakerHalfOpen: a probe succeeded; up to HalfOpenTrials calls try the
+	// store, the others fail at once. Successes close the breaker, a failure
+	// opens it again.
+	BreakerHalfOpen BreakerState = 2
+)
+
+// String returns closed, open or half_open (a metric label value).
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half_open"
+	}
+	return "unknown"
+}
+
+// ErrBreakerOpen is returned, wrapped with the failure that opened the
+// breaker, by every call a Breaker refuses. Test with errors.Is.
+var ErrBreakerOpen = errors.New("store circuit breaker open")
+
+// Defaults of BreakerOptions.
+const (
+	DefaultFailureThreshold = 5
+	DefaultProbeInterval    = 200 * time.Millisecond
+	DefaultProbeTimeout     = 50 * time.Millisecond
+	DefaultHalfOpenTrials   = 1
+)
+
+// BreakerOptions configures a Breaker. The zero value of every field means
+// its default.
+type BreakerOptions struct {
+	// FailureThreshold is the number of consecutive failed calls that,
+	// lasting at least OpenAfter, opens the breaker (default 5). Any
+	// success resets the count.
+	FailureThreshold int
+	// OpenAfter is how long the consecutive failures must have lasted,
+	// from the first, before they open the breaker (default ProbeTimeout,
+	// the decision budget). A stall shorter than one budget (a fork for
+	// BGSAVE, a long GC pause) fails only the requests it caught, however
+	// many were in flight, instead of opening the breaker for a probe
+	// interval; a store that is gone keeps failing past it. Negative: no
+	// minimum, the count alone decides.
+	OpenAfter time.Duration
+	// ProbeInterval is the pause between two pings of an open breaker
+	// (default 200ms): the longest a recovered store waits to be used again,
+	// on top of the client's own reconnect delay.
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one probe ping (default 50ms). Give it the
+	// decision budget (redis.timeout): a store that answers a ping only
+	// slower than that cannot decide in time either.
+	ProbeTimeout time.Duration
+	// HalfOpenTrials is how many calls may try the store at once after a
+	// successful probe, and how many successes in a row close the breaker
+	// (default 1). Calls beyond it fail at once.
+	HalfOpenTrials int
+	// IsFailure says whether an error means the store is unavailable;
+	// default IsStoreFailure. Errors it rejects count as answers.
+	IsFailure func(error) bool
+	// OnStateChange, when set, is called on every transition, in order,
+	// with the breaker's lock held: it must be quick and must not call the
+	// breaker's store methods (State is fine). A gauge can be kept from
+	// it, or read State at each scrape.
+	OnStateChange func(from, to BreakerState)
+	// Logger receives one line when the breaker opens (warn) and one when
+	// it closes again (info); the probe's half-open attempts in between are
+	// logged at debug. The zero Logger discards everything.
+	Logger zerolog.Logger
+}
+
+// Breaker is a Store decorator: a circuit breaker in front of a shared store
+// (Redis). It is safe for concurrent use. In the closed state it adds a few
+// atomic loads to a call and allocates nothing; refusing a call while open
+// allocates nothing either.
+type Breaker struct {
+	inner Store
+	opts  BreakerOptions
+
+	// sg packs the generation (bumped on every transition) and the state:
+	// gen<<2 | state. A call remembers the value it started under, so that
+	// a late result from an earlier period changes nothing.
+	sg atomic.Uint64
+	// fails counts consecutive failures while closed; since is when the
+	// first of them was seen (UnixNano), 0 when there is none.
+	fails atomic.Int64
+	since atomic.Int64
+	// trials counts calls in flight in the half-open state; successes the
+	// half-open successes of the current generation.
+	trials    atomic.Int32
+	successes atomic.Int32
+	// openErr is what refused calls return: ErrBreakerOpen plus the failure
+	// that opened the breaker. Built once per opening, so refusing a call
+	// allocates nothing.
+	openErr atomic.Pointer[openError]
+
+	mu       sync.Mutex // serializes transitions and the fields below
+	openedAt time.Time  // start of the current outage (first opening)
+	reopens  int        // half-open trials that failed during this outage
+	closed   bool
+
+	ctx    context.Context // canceled by Close; parent of every probe
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the prober
+	once   sync.Once
+}
+
+var _ Store = (*Breaker)(nil)
+
+// NewBreaker returns a breaker in the closed state in front of inner.
+func NewBreaker(inner Store, opts BreakerOptions) *Breaker {
+	if opts.FailureThreshold <= 0 {
+		opts.FailureThreshold = DefaultFailureThreshold
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = DefaultProbeTimeout
+	}
+	switch {
+	case opts.OpenAfter == 0:
+		opts.OpenAfter = opts.ProbeTimeout
+	case opts.OpenAfter < 0:
+		opts.OpenAfter = 0
+	}
+	if opts.HalfOpenTrials <= 0 {
+		opts.HalfOpenTrials = DefaultHalfOpenTrials
+	}
+	if opts.IsFailure == nil {
+		opts.IsFailure = IsStoreFailure
+	}
+	b := &Breaker{inner: inner, opts: opts}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.openErr.Store(&openError{msg: ErrBreakerOpen.Error()})
+	return b
+}
+
+// openError is ErrBreakerOpen with the failure that opened the breaker.
+type openError struct{ msg string }
+
+func (e *openError) Error() string        { return e.msg }
+func (e *openError) Is(target error) bool { return target == ErrBreakerOpen }
+
+func pack(gen uint64, s BreakerState) uint64 { return gen<<2 | uint64(s) }
+func stateOf(v uint64) BreakerState          { return BreakerState(v & 3) }
+
+// State returns the current state.
+func (b *Breaker) State() BreakerState { return stateOf(b.sg.Load()) }
+
+// Unwrap returns the store behind the breaker.
+func (b *Breaker) Unwrap() Store { return b.inner }
+
+// Name implements Store: the inner store's name.
+func (b *Breaker) Name() string { return b.inner.Name() }
+
+// Ping implements Store. While open it fails at once with the reason, so
+// /readyz says why without waiting; otherwise it asks the store. Pings do
+// not move the breaker: only the probe and real calls do.
+func (b *Breaker) Ping(ctx context.Context) error {
+	if b.State() == BreakerOpen {
+		return b.openErr.Load()
+	}
+	return b.inner.Ping(ctx)
+}
+
+// Close stops the probe and closes the inner store. It may be called more
+// than once; later calls return nil.
+func (b *Breaker) Close() error {
+	var err error
+	b.once.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		b.mu.Unlock()
+		b.cancel()
+		b.wg.Wait()
+		err = b.inner.Close()
+	})
+	return err
+}
+
+// Decide implements Store.
+func (b *Breaker) Decide(ctx context.Context, batch *Batch, results []Result) (bool, error) {
+	v, trial, err := b.admit()
+	if err != nil {
+		return false, err
+	}
+	admitted, err := b.inner.Decide(ctx, batch, results)
+	b.record(v, trial, err)
+	return admitted, err
+}
+
+// Peek implements Store, through the breaker like Decide.
+func (b *Breaker) Peek(ctx context.Context, c Check) (Result, error) {
+	v, trial, err := b.admit()
+	if err != nil {
+		return Result{}, err
+	}
+	r, err := b.inner.Peek(ctx, c)
+	b.record(v, trial, err)
+	return r, err
+}
+
+// Reset implements Store, through the breaker like Decide.
+func (b *Breaker) Reset(ctx context.Context, c Check) error {
+	v, trial, err := b.admit()
+	if err != nil {
+		return err
+	}
+	err = b.inner.Reset(ctx, c)
+	b.record(v, trial, err)
+	return err
+}
+
+// errNoInspector is Raw's answer when the inner store cannot show raw values.
+var errNoInspector = errors.New("this store cannot show raw values")
+
+// Raw implements Inspector when the inner store does, through the breaker.
+func (b *Breaker) Raw(ctx context.Context, key string) (RawValue, error) {
+	in, ok := b.inner.(Inspector)
+	if !ok {
+		return RawValue{}, errNoInspector
+	}
+	v, trial, err := b.admit()
+	if err != nil {
+		return RawValue{}, err
+	}
+	r, err := in.Raw(ctx, key)
+	b.record(v, trial, err)
+	return r, err
+}
+
+// admit decides whether a call may go to the store. It returns the state
+// word the call runs under and whether it is a half-open trial.
+func (b *Breaker) admit() (v uint64, trial bool, err error) {
+	v = b.sg.Load()
+	switch stateOf(v) {
+	case BreakerClosed:
+		return v, false, nil
+	case BreakerHalfOpen:
+		if b.trials.Add(1) <= int32(b.opts.HalfOpenTrials) {
+			return v, true, nil
+		}
+		b.trials.Add(-1)
+	}
+	return 0, false, b.openErr.Load()
+}
+
+// record counts a call's outcome against the state it started under.
+func (b *Breaker) record(v uint64, trial bool, err error) {
+	if trial {
+		b.trials.Add(-1)
+	}
+	failed := err != nil && b.opts.IsFailure(err)
+	if b.sg.Load() != v {
+		return // the breaker moved on while the call ran
+	}
+	switch stateOf(v) {
+	case BreakerClosed:
+		if !failed {
+			if b.fails.Load() != 0 {
+				b.fails.Store(0)
+				b.since.Store(0)
+			}
+			return
+		}
+		now := time.Now().UnixNano()
+		b.since.CompareAndSwap(0, now) // the first failure of a streak
+		if b.fails.Add(1) >= int64(b.opts.FailureThreshold) && now-b.since.Load() >= int64(b.opts.OpenAfter) {
+			b.transition(v, BreakerOpen, err)
+		}
+	case BreakerHalfOpen:
+		if failed {
+			b.transition(v, BreakerOpen, err)
+		} else if b.successes.Add(1) >= int32(b.opts.HalfOpenTrials) {
+			b.transition(v, BreakerClosed, nil)
+		}
+	}
+}
+
+// transition moves the breaker from the state word from to state to, unless
+// another transition came first. cause is the failure that opens it.
+func (b *Breaker) transition(from uint64, to BreakerState, cause error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sg.Load() != from || b.closed {
+		return
+	}
+	prev := stateOf(from)
+	next := pack(from>>2+1, to)
+	now := time.Now()
+	log := b.opts.Logger
+	switch to {
+	case BreakerOpen:
+		msg := ErrBreakerOpen.Error()
+		if cause != nil {
+			msg += ": " + cause.Error()
+		}
+		b.openErr.Store(&openError{msg: msg})
+		if prev == BreakerClosed {
+			b.openedAt, b.reopens = now, 0
+			log.Warn().Str("store", b.inner.Name()).Int64("failures", b.fails.Load()).
+				AnErr("last_error", cause).Dur("probe_interval", b.opts.ProbeInterval).
+				Msg("store circuit breaker open: answering by failure_mode without waiting for the store; probing in the background")
+		} else {
+			b.reopens++
+			log.Debug().Str("store", b.inner.Name()).AnErr("error", cause).
+				Msg("store circuit breaker: trial call failed; open again")
+		}
+	case BreakerHalfOpen:
+		b.successes.Store(0)
+		log.Debug().Str("store", b.inner.Name()).Msg("store circuit breaker half-open: the store answers a probe; trying real calls")
+	case BreakerClosed:
+		b.fails.Store(0)
+		b.since.Store(0)
+		log.Info().Str("store", b.inner.Name()).Dur("outage", now.Sub(b.openedAt)).Int("failed_trials", b.reopens).
+			Msg("store circuit breaker closed: the store answers again")
+	}
+	b.sg.Store(next)
+	if to == BreakerOpen {
+		b.wg.Add(1)
+		go b.probe(next)
+	}
+	if b.opts.OnStateChange != nil {
+		b.opts.OnStateChange(prev, to)
+	}
+}
+
+// probe pings the store every ProbeInterval while the breaker stays in the
+// open state word v, and moves it to half-open when a ping succeeds.
+func (b *Breaker) probe(v uint64) {
+	defer b.wg.Done()
+	t := time.NewTimer(b.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if b.sg.Load() != v {
+			return
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, b.opts.ProbeTimeout)
+		err := b.inner.Ping(ctx)
+		cancel()
+		if err == nil {
+			b.transition(v, BreakerHalfOpen, nil)
+			return
+		}
+		t.Reset(b.opts.ProbeInterval)
+	}
+}
+
+// IsStoreFailure is the default failure test of a Breaker. It reports
+// whether err means the store cannot decide right now: a timeout, a
+// connection error, or a Redis reply saying the server is not usable
+// (LOADING, BUSY, MASTERDOWN, READONLY, OOM, MISCONF, NOAUTH, WRONGPASS,
+// NOPERM, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, max clients). Other Redis
+// replies (a script error, NOSCRIPT, WRONGTYPE) prove the server answers and
+// are not failures; nor is context.Canceled (the caller gave up).
+func IsStoreFailure(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	msg := re.Error()
+	word, _, _ := strings.Cut(msg, " ")
+	switch word {
+	case "LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "MISCONF",
+		"NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS":
+		return true
+	}
+	return strings.HasPrefix(msg, "ERR max number of clients reached")
+}

@@ -19,9 +19,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/metrics"
 )
 
 // Exit codes.
@@ -39,6 +41,7 @@ type options struct {
 	redisURL    string
 	logLevel    string
 	check       bool
+	watch       bool
 }
 
 func main() {
@@ -56,6 +59,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.StringVar(&o.redisURL, "redis", "", "Redis `URL` redis://host:port/db (env RATEGATE_REDIS_URL); none = in-memory store")
 	fs.StringVar(&o.logLevel, "log-level", "", "trace|debug|info|warn|error (env RATEGATE_LOG_LEVEL; default info)")
 	fs.BoolVar(&o.check, "check", false, "validate the config, print the effective rules, exit 0 (valid) or 2 (invalid)")
+	fs.BoolVar(&o.watch, "watch", false, "reload the config file whenever its content changes (env RATEGATE_WATCH=1)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -72,6 +76,12 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fill(&o.adminListen, "RATEGATE_ADMIN_LISTEN")
 	fill(&o.redisURL, "RATEGATE_REDIS_URL")
 	fill(&o.logLevel, "RATEGATE_LOG_LEVEL")
+	if !o.watch {
+		switch strings.ToLower(getenv("RATEGATE_WATCH")) {
+		case "1", "true", "yes", "on":
+			o.watch = true
+		}
+	}
 	return o, nil
 }
 
@@ -93,6 +103,9 @@ func loadConfig(path string) (*config.Config, error) {
 }
 
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "admin" {
+		return admin.RunCLI(args[1:], getenv, stdout, stderr)
+	}
 	o, err := parseOptions(args, getenv, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -117,13 +130,27 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitInvalid
 	}
 	log := newLogger(stderr, level)
+	redis.SetLogger(redisLogger{log.Sample(&zerolog.BurstSampler{Burst: 1, Period: 10 * time.Second})})
 
-	store, err := openStore(cfg, o.redisURL, log)
+	store, client, err := openStore(cfg, o.redisURL, log)
 	if err != nil {
 		log.Error().Err(err).Msg("cannot open the store")
 		return exitInvalid
 	}
 	defer store.Close()
+	// Every store call is timed and its errors counted by kind.
+	m := metrics.New()
+	store = metrics.InstrumentStore(store, m)
+	if client != nil {
+		// A dead or frozen Redis must cost a request microseconds, not
+		// redis.timeout: after consecutive failures the breaker answers at
+		// once (failure_mode decides) and probes Redis in the background.
+		breaker := limits.NewBreaker(store, limits.BreakerOptions{ProbeTimeout: cfg.Redis.Timeout, Logger: log})
+		m.AddGaugeFunc("rategate_store_breaker_state",
+			"Circuit breaker in front of Redis: 0 closed (deciding), 1 open (failure_mode answers), 2 half-open (trying).",
+			func() float64 { return float64(breaker.State()) })
+		store = breaker
+	}
 
 	if o.configPath == "" {
 		log.Info().Int("rules", len(cfg.Rules)).Msg("no config file given: running the built-in example policy printed below (use -config FILE)")
@@ -134,13 +161,42 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	limiter := limits.NewLimiter(store, cfg.Redis.KeyPrefix, cfg.Rules)
 	if cfg.FailureMode == "local" {
-		if _, isMem := store.(*limits.MemoryStore); !isMem {
+		if _, isMem := metrics.Unwrap(store).(*limits.MemoryStore); !isMem {
 			local := limits.NewMemoryStore()
 			defer local.Close()
 			limiter.SetFallback(local, cfg.LocalShare)
 		}
 	}
-	h := handler.New(limiter, store, handlerOptions(cfg, log))
+
+	// Operations: runtime overrides (in Redis when there is one), the
+	// top-denied sketch, Redis health, the admin listener.
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+	var overrides admin.OverrideStore = admin.NewMemoryOverrides()
+	top := admin.NewTop()
+	if client != nil {
+		overrides = admin.NewRedisOverrides(client, cfg.Redis.KeyPrefix)
+		top.SetShared(client, cfg.Redis.KeyPrefix)
+		go m.PollRedis(bg, client, 5*time.Second, time.Second)
+		go top.RunPublisher(bg, m.TopPublishFailed)
+	}
+	rules := admin.NewManager(admin.ManagerOptions{
+		Path: o.configPath, Config: cfg, Limiter: limiter, Metrics: m, Overrides: overrides, Log: log,
+	})
+	go rules.Run(bg)
+	if o.watch {
+		if o.configPath == "" {
+			log.Warn().Msg("-watch ignored: no config file in use")
+		} else if err := admin.Watch(bg, o.configPath, log, func() { rules.Reload("file watch") }); err != nil {
+			log.Error().Err(err).Msg("cannot watch the config file; reload with SIGHUP or POST /v1/reload")
+		} else {
+			log.Info().Str("config", o.configPath).Msg("watching the config file: changes are reloaded")
+		}
+	}
+
+	hopts := handlerOptions(cfg, log)
+	hopts.Observer = admin.Observer{Metrics: m, Top: top}
+	h := handler.New(limiter, store, hopts)
 
 	listen := firstSet(o.listen, cfg.Listen, ":8080")
 	ln, err := net.Listen("tcp", listen)
@@ -148,21 +204,38 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		log.Error().Err(err).Str("listen", listen).Msg("cannot listen")
 		return exitFailure
 	}
-	srv := &fasthttp.Server{
-		Handler:                       h.Serve,
-		Name:                          "rategate",
-		ReadTimeout:                   10 * time.Second,
-		WriteTimeout:                  10 * time.Second,
-		IdleTimeout:                   120 * time.Second,
-		ReadBufferSize:                16 << 10,
-		MaxRequestBodySize:            4 << 10,
-		DisableHeaderNamesNormalizing: false,
-		NoDefaultServerHeader:         true,
-		NoDefaultContentType:          true,
-		Logger:                        fasthttpLogger{log},
+	// Timeouts, head size and connection limits against slow or hostile
+	// clients; see handler.NewServer.
+	srv := handler.NewServer(h, handler.ServerOptions{Logger: log})
+	adminAddr := firstSet(o.adminListen, cfg.Admin.Listen, "127.0.0.1:9090")
+	adminLn, err := net.Listen("tcp", adminAddr)
+	if err != nil {
+		ln.Close()
+		log.Error().Err(err).Str("admin_listen", adminAddr).Msg("cannot listen for the admin API")
+		return exitFailure
 	}
-	serveErr := make(chan error, 1)
+	if cfg.Admin.Token == "" && !isLoopback(adminLn.Addr()) {
+		log.Warn().Str("admin_listen", adminLn.Addr().String()).
+			Msg("the admin API is reachable beyond this host without a token: set admin.token")
+	}
+	adminSrv := &fasthttp.Server{
+		Handler: admin.NewServer(admin.ServerOptions{
+			Token: cfg.Admin.Token, Rules: rules, Limiter: limiter, Store: store, Metrics: m, Top: top, Log: log,
+		}).Serve,
+		Name:                  "rategate-admin",
+		ReadTimeout:           10 * time.Second,
+		WriteTimeout:          30 * time.Second,
+		IdleTimeout:           120 * time.Second,
+		MaxRequestBodySize:    64 << 10,
+		NoDefaultServerHeader: true,
+		Logger:                fasthttpLogger{log},
+	}
+
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- adminSrv.Serve(adminLn) }()
+	log.Info().Str("admin_listen", adminLn.Addr().String()).Bool("admin_token", cfg.Admin.Token != "").
+		Msg("admin API ready: /metrics, /v1/rules, /v1/reload, /v1/keys/{rule}, /v1/top")
 	log.Info().Str("listen", ln.Addr().String()).Str("store", store.Name()).
 		Msgf("rategate ready; try: curl -i -H 'X-Original-URI: /login' -H 'X-Original-Method: POST' -H 'X-Real-IP: 203.0.113.7' http://%s/auth", dialAddr(ln.Addr()))
 
@@ -176,13 +249,17 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			return exitFailure
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
-				reload(o.configPath, limiter, log)
+				rules.Reload("SIGHUP")
 				continue
 			}
 			log.Info().Str("signal", sig.String()).Msg("shutting down: finishing in-flight requests")
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			err := srv.ShutdownWithContext(ctx)
+			if aerr := adminSrv.ShutdownWithContext(ctx); err == nil {
+				err = aerr
+			}
 			cancel()
+			stopBG()
 			if err != nil {
 				log.Error().Err(err).Msg("shutdown did not finish in time")
 				return exitFailure
@@ -193,20 +270,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 }
 
-// reload re-reads the config file and swaps the rules atomically. An invalid
-// file keeps the running rules.
-func reload(path string, l *limits.Limiter, log zerolog.Logger) {
-	if path == "" {
-		log.Warn().Msg("reload requested but no config file is in use; keeping the built-in example policy")
-		return
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		log.Error().Str("config", path).Str("errors", err.Error()).Msg("reload failed: keeping the running rules; fix the file and reload again")
-		return
-	}
-	l.SetRules(cfg.Rules)
-	log.Info().Str("config", path).Int("rules", len(cfg.Rules)).Msg("config reloaded (rules only; redis, listeners and identity settings need a restart)")
+// isLoopback reports whether a listener only accepts connections from this host.
+func isLoopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
 }
 
 func handlerOptions(cfg *config.Config, log zerolog.Logger) handler.Options {
@@ -229,55 +296,41 @@ func handlerOptions(cfg *config.Config, log zerolog.Logger) handler.Options {
 
 // openStore connects to Redis when a URL, cluster or sentinel is configured
 // (the -redis flag / RATEGATE_REDIS_URL wins over the file), else returns the
-// in-memory store and says so.
-func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, error) {
+// in-memory store and says so. The Redis client is returned too (nil for the
+// memory store): overrides, the top-denied sketch and INFO use it.
+func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, redis.UniversalClient, error) {
 	rc := cfg.Redis
-	var client limits.RedisClient
-	var name string
+	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password}
 	switch {
 	case redisURL != "" || rc.URL != "":
-		u := firstSet(redisURL, rc.URL)
-		opt, err := redis.ParseURL(u)
-		if err != nil {
-			return nil, fmt.Errorf("redis url %q: %w", u, err)
-		}
-		if rc.Username != "" && opt.Username == "" {
-			opt.Username = rc.Username
-		}
-		if rc.Password != "" && opt.Password == "" {
-			opt.Password = rc.Password
-		}
-		opt.ContextTimeoutEnabled = true
-		client, name = redis.NewClient(opt), "redis "+opt.Addr
+		// redis://host:port/db, or go-redis's cluster (?addr=) and
+		// Sentinel (?master_name=) URL forms.
+		o.URL = firstSet(redisURL, rc.URL)
 	case len(rc.ClusterAddrs) > 0:
-		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: rc.ClusterAddrs, Username: rc.Username, Password: rc.Password, ContextTimeoutEnabled: true,
-		})
-		name = "redis cluster " + strings.Join(rc.ClusterAddrs, ",")
+		o.ClusterAddrs = rc.ClusterAddrs
 	case rc.Sentinel.Master != "":
-		client = redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: rc.Sentinel.Master, SentinelAddrs: rc.Sentinel.Addrs, SentinelPassword: rc.Sentinel.Password,
-			Username: rc.Username, Password: rc.Password, ContextTimeoutEnabled: true,
-		})
-		name = "redis sentinel " + rc.Sentinel.Master
+		o.SentinelMaster, o.SentinelAddrs, o.SentinelPassword = rc.Sentinel.Master, rc.Sentinel.Addrs, rc.Sentinel.Password
 	default:
 		log.Info().Msg("no Redis configured: using the embedded in-memory store (limits are per process; set -redis redis://host:6379/0 to share them)")
-		return limits.NewMemoryStore(), nil
+		return limits.NewMemoryStore(), nil, nil
 	}
-	store, err := limits.NewRedisStore(client, name)
+	store, err := limits.OpenRedis(o)
 	if err != nil {
-		client.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := store.Ping(ctx); err != nil {
-		log.Warn().Err(err).Str("store", name).Str("failure_mode", cfg.FailureMode).
+		log.Warn().Err(err).Str("store", store.Name()).Str("topology", string(store.Topology())).Str("failure_mode", cfg.FailureMode).
 			Msg("Redis does not answer yet; serving by failure_mode until it does")
 	} else {
-		log.Info().Str("store", name).Msg("connected to Redis")
+		// Load the scripts everywhere now, so the first decisions fit redis.timeout.
+		if err := store.Warm(ctx); err != nil {
+			log.Warn().Err(err).Str("store", store.Name()).Msg("could not preload the scripts; the first decisions will load them")
+		}
+		log.Info().Str("store", store.Name()).Str("topology", string(store.Topology())).Msg("connected to Redis")
 	}
-	return store, nil
+	return store, store.Client(), nil
 }
 
 // newLogger writes JSON, or a human console format when w is a terminal.
@@ -288,6 +341,15 @@ func newLogger(w io.Writer, level zerolog.Level) zerolog.Logger {
 		}
 	}
 	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+// redisLogger routes go-redis's own messages (failed dials, pool events)
+// into the log as sampled warnings, instead of one unstructured stderr line
+// per failed request while Redis is down.
+type redisLogger struct{ log zerolog.Logger }
+
+func (l redisLogger) Printf(_ context.Context, format string, args ...any) {
+	l.log.Warn().Str("component", "go-redis").Msgf(format, args...)
 }
 
 // fasthttpLogger routes fasthttp's own messages (e.g. malformed requests)

@@ -28,13 +28,17 @@ var (
 
 // auth answers one auth_request subrequest. It never reads a body.
 func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
+	var start time.Time
+	if h.obs != nil {
+		start = time.Now()
+	}
 	hdr := &ctx.Request.Header
 	s := h.pool.Get().(*scratch)
 	defer h.put(s)
 
 	uri := hdr.PeekBytes(h.uriHeader)
 	if len(uri) == 0 {
-		badRequest(ctx, h.missingURI)
+		h.badRequest(ctx, h.missingURI, BadMissingURI, start)
 		return
 	}
 	s.route = NormalizeRoute(s.route[:0], uri)
@@ -43,7 +47,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// until the next PeekAll.
 	addr, ok := h.clientIP(hdr)
 	if !ok {
-		badRequest(ctx, h.noIP)
+		h.badRequest(ctx, h.noIP, BadIP, start)
 		return
 	}
 	s.ip = addr.AppendTo(s.ip[:0])
@@ -54,7 +58,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		// variable is empty, so the two cannot mean different things.
 		if v := hdr.PeekBytes(h.costHeader); len(v) > 0 {
 			if cost, ok = parseCost(v, h.maxCost); !ok {
-				badRequest(ctx, h.badCost)
+				h.badRequest(ctx, h.badCost, BadCost, start)
 				return
 			}
 		}
@@ -86,6 +90,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	cancel()
 	if err != nil {
 		h.storeFailed(ctx, err)
+		if h.obs != nil {
+			h.obs.Undecided(h.failureMode, time.Since(start))
+		}
 		return
 	}
 	if s.dec.Local {
@@ -93,6 +100,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.SetCanonical(hdrStatus, valLocal)
 	}
 	h.respond(ctx, s)
+	if h.obs != nil {
+		h.obs.Decided(&s.dec, time.Since(start))
+	}
 }
 
 // maxPooledBuf bounds the buffers kept in the pool, so one huge request does
@@ -133,9 +143,13 @@ func parseCost(b []byte, max int64) (int64, bool) {
 	return n, n >= 1 && n <= max
 }
 
-func badRequest(ctx *fasthttp.RequestCtx, body []byte) {
+// badRequest answers 400 with body and tells the observer why.
+func (h *Handler) badRequest(ctx *fasthttp.RequestCtx, body []byte, reason BadRequestReason, start time.Time) {
 	ctx.SetStatusCode(fasthttp.StatusBadRequest)
 	ctx.SetBody(body)
+	if h.obs != nil {
+		h.obs.BadRequest(reason, time.Since(start))
+	}
 }
 
 // storeFailed answers a request the store could not decide, as the failure
@@ -157,7 +171,8 @@ func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // respond writes the decision in s.dec: status, rate-limit headers and, for
-// a denial, a one-line reason. Shadow verdicts are reported nowhere.
+// a denial, a one-line reason. Shadow verdicts are left out of the headers;
+// one that would have denied is logged (sampled).
 func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	d := &s.dec
 	resp := &ctx.Response.Header
@@ -168,6 +183,9 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
 		if v.Rule.Shadow {
+			if !v.Result.Allowed {
+				h.logShadow(v, s)
+			}
 			continue
 		}
 		if best >= 0 {
@@ -258,6 +276,18 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 		Bytes("route", s.req.Route).
 		Bytes("user", s.req.User).
 		Msg("request limited")
+}
+
+// logShadow logs, sampled, a shadow rule that would have denied s's request.
+func (h *Handler) logShadow(v *limits.Verdict, s *scratch) {
+	h.shadowLog.Info().
+		Str("rule", v.Rule.Name).
+		Bool("shadow", true).
+		Bytes("ip", s.req.IP).
+		Bytes("method", s.req.Method).
+		Bytes("route", s.req.Route).
+		Bytes("user", s.req.User).
+		Msg("shadow rule would have limited this request (not enforced)")
 }
 
 // usToSeconds converts a duration in microseconds to whole seconds, rounded

@@ -40,8 +40,9 @@ const (
 	FailAllow = "allow"
 	// FailDeny answers 503, which NGINX turns into an error for the client.
 	FailDeny = "deny"
-	// FailLocal is meant to decide with a per-process in-memory limiter while
-	// the store is down. Until that exists it behaves like FailAllow.
+	// FailLocal: the limiter decides with a per-process in-memory store while
+	// the shared store fails (limits.Limiter.SetFallback); the handler only
+	// sees a store error when that failed too, and then answers like FailAllow.
 	FailLocal = "local"
 )
 
@@ -67,9 +68,59 @@ type Options struct {
 	Timeout time.Duration
 	// FailureMode is FailAllow (default), FailDeny or FailLocal.
 	FailureMode string
-	// Logger receives sampled store errors and denials. The zero Logger
-	// discards everything.
+	// Logger receives sampled store errors, denials and shadow rules that
+	// would have denied. The zero Logger discards everything.
 	Logger zerolog.Logger
+	// Observer, when set, is told about every /auth answer (metrics, the
+	// admin API's top-denied sketch). Nil observes nothing.
+	Observer Observer
+}
+
+// BadRequestReason says why /auth answered 400.
+type BadRequestReason uint8
+
+// The reasons for a 400, in the order the handler checks them.
+const (
+	// BadMissingURI: the URI header is absent or empty.
+	BadMissingURI BadRequestReason = iota
+	// BadIP: no valid client IP in the IP header.
+	BadIP
+	// BadCost: the cost header is not an integer from 1 to MaxCost.
+	BadCost
+	// NumBadRequestReasons is the number of reasons, for arrays indexed by them.
+	NumBadRequestReasons
+)
+
+// String returns the reason as a metric label: missing_uri, invalid_ip, invalid_cost.
+func (r BadRequestReason) String() string {
+	switch r {
+	case BadMissingURI:
+		return "missing_uri"
+	case BadIP:
+		return "invalid_ip"
+	case BadCost:
+		return "invalid_cost"
+	}
+	return "unknown"
+}
+
+// Observer is told about every /auth answer, after it is written. It is
+// called on the hot path: implementations must be safe for concurrent use,
+// must not block, should not allocate, and must not keep d or anything it
+// points to after returning (Verdict.Key excepted: that string is never
+// reused).
+type Observer interface {
+	// Decided reports a request the limiter decided: d.Verdicts holds each
+	// matching rule's own verdict (none when no rule matched), d.Admitted
+	// the answer, and d.Local whether the local fallback decided because
+	// the shared store failed (failure_mode: local).
+	Decided(d *limits.Decision, elapsed time.Duration)
+	// BadRequest reports a 400.
+	BadRequest(reason BadRequestReason, elapsed time.Duration)
+	// Undecided reports a request answered by the failure mode because the
+	// store failed and nothing decided it: mode is FailAllow (204), FailDeny
+	// (503) or FailLocal (204: the local fallback failed too).
+	Undecided(mode string, elapsed time.Duration)
 }
 
 // Decider decides one request; *limits.Limiter implements it. Decide fills d
@@ -104,10 +155,13 @@ type Handler struct {
 	// Answers to bad input, built once from the options.
 	missingURI, noIP, badCost []byte
 
-	// errLog and denyLog are sampled so that a dead store or an attack
-	// produce a few lines per second, not one per request.
-	errLog  zerolog.Logger
-	denyLog zerolog.Logger
+	// errLog, denyLog and shadowLog are sampled so that a dead store or an
+	// attack produce a few lines per second, not one per request.
+	errLog    zerolog.Logger
+	denyLog   zerolog.Logger
+	shadowLog zerolog.Logger
+
+	obs Observer
 
 	pool sync.Pool // of *scratch
 }
@@ -136,6 +190,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 		denyStatus:  opts.DenyStatus,
 		timeout:     opts.Timeout,
 		failureMode: opts.FailureMode,
+		obs:         opts.Observer,
 	}
 	h.pool.New = func() any {
 		return &scratch{
@@ -207,6 +262,11 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	// A few denials per second for the operator to see what is limited;
 	// a flood adds one line per 1000 denials.
 	h.denyLog = log.Sample(&zerolog.BurstSampler{
+		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
+	})
+	// Shadow rules exist to be watched: the same budget as denials, kept
+	// apart so a noisy shadow rule cannot hide real denials.
+	h.shadowLog = log.Sample(&zerolog.BurstSampler{
 		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
 	})
 	return h

@@ -8,7 +8,11 @@ import (
 
 // Verdict is one matching rule's outcome within a Decision.
 type Verdict struct {
-	Rule   *Rule
+	Rule *Rule
+	// Key is the store key this rule used for the request, e.g.
+	// "rg:{login-per-ip:203.0.113.7}:gc". The string is not reused, so an
+	// observer may keep it (the admin API's top-denied sketch does).
+	Key    string
 	Cost   int64
 	Result Result
 }
@@ -108,8 +112,9 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		if req.Cost > 0 {
 			cost = req.Cost
 		}
-		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Cost: cost})
-		d.batch.Checks = append(d.batch.Checks, r.Check(string(d.keyBuf), cost))
+		key := string(d.keyBuf)
+		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
+		d.batch.Checks = append(d.batch.Checks, r.Check(key, cost))
 	}
 	if len(d.batch.Checks) == 0 {
 		return nil

@@ -1,0 +1,177 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"net/textproto"
+	"strconv"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rategate/rategate/handler"
+	"github.com/rategate/rategate/limits"
+)
+
+// KeyView is GET /v1/keys/{rule}: one identity's state under one rule.
+type KeyView struct {
+	Rule      string   `json:"rule"`
+	Algorithm string   `json:"algorithm"`
+	Key       string   `json:"key"`
+	Limit     int64    `json:"limit"`
+	Period    Duration `json:"period"`
+	Burst     int64    `json:"burst"`
+	// Remaining is the quota left now (cost units), 0..burst.
+	Remaining int64 `json:"remaining"`
+	// ResetSeconds is the time until the quota is fully back, rounded up.
+	ResetSeconds int64 `json:"reset_seconds"`
+	ResetUS      int64 `json:"reset_us"`
+	// Raw is the stored value as the store holds it (null when the store
+	// cannot show it).
+	Raw *limits.RawValue `json:"raw"`
+	// RawError says why Raw is missing.
+	RawError string `json:"raw_error,omitempty"`
+	// Reset is true on a DELETE answer.
+	Reset bool `json:"reset,omitempty"`
+}
+
+// headerMap implements limits.Headers for the identity given in the query.
+type headerMap map[string][]byte
+
+func (h headerMap) Peek(key string) []byte { return h[textproto.CanonicalMIMEHeaderKey(key)] }
+
+// identityFromQuery builds the request whose key the rule would use, from
+// ?ip=&user=&route=&method=&host=&header.<Name>=. Every dimension the rule
+// is keyed on must be given; the error names the missing or bad parameter.
+func identityFromQuery(r *limits.Rule, args *fasthttp.Args) (*limits.Request, error) {
+	req := &limits.Request{}
+	hdrs := headerMap{}
+	req.Headers = hdrs
+	var problems []string
+	need := func(name string) ([]byte, bool) {
+		if !args.Has(name) {
+			problems = append(problems, fmt.Sprintf("%s: rule %q is keyed on %s; give ?%s=", name, r.Name, name, name))
+			return nil, false
+		}
+		return append([]byte(nil), args.Peek(name)...), true
+	}
+	if args.Has("ip") {
+		a, err := netip.ParseAddr(string(args.Peek("ip")))
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("ip: %q is not an IP address", args.Peek("ip")))
+		} else {
+			req.IP = a.Unmap().AppendTo(nil)
+		}
+	}
+	for _, p := range r.Key {
+		switch p.Kind {
+		case limits.KeyIP:
+			if !args.Has("ip") {
+				need("ip")
+			}
+		case limits.KeyUser:
+			if args.Has("user") && len(args.Peek("user")) > 0 {
+				req.User = append([]byte(nil), args.Peek("user")...)
+			} else if r.Anonymous == limits.AnonymousSkip {
+				problems = append(problems, fmt.Sprintf("user: rule %q skips anonymous requests; give ?user=", r.Name))
+			} else if !args.Has("ip") {
+				problems = append(problems, fmt.Sprintf("user: rule %q is keyed on user; give ?user= (or ?ip= for an anonymous caller)", r.Name))
+			}
+		case limits.KeyRoute:
+			if v, ok := need("route"); ok {
+				req.Route = handler.NormalizeRoute(nil, v)
+			}
+		case limits.KeyMethod:
+			if v, ok := need("method"); ok {
+				req.Method = []byte(strings.ToUpper(string(v)))
+			}
+		case limits.KeyHost:
+			if v, ok := need("host"); ok {
+				req.Host = []byte(strings.ToLower(string(v)))
+			}
+		case limits.KeyHeader:
+			param := "header." + p.Header
+			v, ok := peekFold(args, param)
+			if !ok {
+				problems = append(problems, fmt.Sprintf("%s: rule %q is keyed on header %s; give ?%s= (empty for requests without it)", param, r.Name, p.Header, param))
+				continue
+			}
+			hdrs[p.Header] = v
+		}
+	}
+	if len(problems) > 0 {
+		return nil, fieldErrors(problems)
+	}
+	return req, nil
+}
+
+// peekFold finds a query parameter by case-insensitive name.
+func peekFold(args *fasthttp.Args, name string) ([]byte, bool) {
+	var v []byte
+	found := false
+	for k, val := range args.All() {
+		if !found && strings.EqualFold(string(k), name) {
+			v, found = append([]byte(nil), val...), true
+		}
+	}
+	return v, found
+}
+
+func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
+	r := s.ruleByName(name)
+	if r == nil {
+		writeError(ctx, fasthttp.StatusNotFound, "no such rule \""+name+"\"", nil)
+		return
+	}
+	req, err := identityFromQuery(r, ctx.QueryArgs())
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(fieldErrors))
+		return
+	}
+	key, ok := s.limiter.KeyFor(r, req)
+	if !ok {
+		writeError(ctx, fasthttp.StatusBadRequest, "rule \""+name+"\" does not apply to this identity (anonymous: skip)", nil)
+		return
+	}
+	c, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	check := r.Check(key, 0)
+	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Key: key, Limit: r.Limit, Period: Duration(r.Period), Burst: r.Burst}
+	if method == "DELETE" {
+		if err := s.store.Reset(c, check); err != nil {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "reset "+key+": "+err.Error(), nil)
+			return
+		}
+		s.log.Info().Str("rule", r.Name).Str("key", key).Msg("key reset through the admin API")
+		v.Reset = true
+	}
+	res, err := s.store.Peek(c, check)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "peek "+key+": "+err.Error(), nil)
+		return
+	}
+	v.Remaining = min(max(res.Remaining, 0), max(r.Burst, r.Limit))
+	v.ResetUS = max(res.ResetUS, 0)
+	v.ResetSeconds = (v.ResetUS + 999_999) / 1_000_000
+	if in, ok := s.store.(limits.Inspector); ok {
+		raw, err := in.Raw(c, key)
+		if err != nil {
+			v.RawError = err.Error()
+		} else {
+			v.Raw = &raw
+		}
+	} else {
+		v.RawError = "the store cannot show raw values"
+	}
+	writeJSON(ctx, fasthttp.StatusOK, v)
+}
+
+// atoiRange parses a whole number in [lo, hi].
+func atoiRange(s string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("must be a whole number from %d to %d, got %q", lo, hi, s)
+	}
+	return n, nil
+}

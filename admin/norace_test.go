@@ -1,0 +1,5 @@
+//go:build !race
+
+package admin
+
+const raceEnabled = false

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -220,7 +219,7 @@ func (m *Manager) apply() {
 			Name:      r.Name,
 			Algorithm: string(r.Algorithm),
 			Key:       keyParts(r),
-			Match:     describeMatch(&r.Match),
+			Match:     r.Match.String(),
 			Cost:      r.Cost,
 			Shadow:    r.Shadow,
 			File:      valuesOf(r),
@@ -511,30 +510,6 @@ func keyParts(r *limits.Rule) []string {
 	return parts
 }
 
-// describeMatch mirrors config's -check output for a rule's match block.
-func describeMatch(m *limits.Match) string {
-	var conds []string
-	switch {
-	case m.PathRegex != nil:
-		conds = append(conds, "path ~"+m.PathRegex.String())
-	case m.PathPrefix != "":
-		conds = append(conds, "path prefix "+m.PathPrefix)
-	}
-	if len(m.Methods) > 0 {
-		conds = append(conds, "methods "+strings.Join(m.Methods, ","))
-	}
-	if m.Host != "" {
-		conds = append(conds, "host "+m.Host)
-	}
-	for _, h := range m.Headers {
-		conds = append(conds, fmt.Sprintf("header %s=%q", h.Name, h.Value))
-	}
-	if len(conds) == 0 {
-		return "every request"
-	}
-	return strings.Join(conds, "; ")
-}
-
 // diffRules compares two rule sets by name.
 func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 	was := make(map[string]*limits.Rule, len(old))
@@ -564,6 +539,6 @@ func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 }
 
 func signature(r *limits.Rule) string {
-	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d", describeMatch(&r.Match), keyParts(r), r.Algorithm,
+	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d", r.Match.String(), keyParts(r), r.Algorithm,
 		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous)
 }

@@ -94,7 +94,7 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 		fmt.Fprintf(b, "  %-11s %s\n", label+":", fmt.Sprintf(format, args...))
 	}
 	fmt.Fprintf(b, "rule %q\n", r.Name)
-	field("match", "%s", describeMatch(&r.Match))
+	field("match", "%s", r.Match.String())
 	if len(r.Key) == 0 {
 		field("key", "none (one global counter)")
 	} else {
@@ -117,27 +117,4 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	} else {
 		field("shadow", "no")
 	}
-}
-
-func describeMatch(m *limits.Match) string {
-	var conds []string
-	switch {
-	case m.PathRegex != nil:
-		conds = append(conds, "path ~"+m.PathRegex.String())
-	case m.PathPrefix != "":
-		conds = append(conds, "path prefix "+m.PathPrefix)
-	}
-	if len(m.Methods) > 0 {
-		conds = append(conds, "methods "+strings.Join(m.Methods, ", "))
-	}
-	if m.Host != "" {
-		conds = append(conds, "host "+m.Host)
-	}
-	for _, h := range m.Headers {
-		conds = append(conds, fmt.Sprintf("header %s: %q", h.Name, h.Value))
-	}
-	if len(conds) == 0 {
-		return "every request"
-	}
-	return strings.Join(conds, "; ")
 }

@@ -5,6 +5,7 @@ package limits
 
 import (
 	"bytes"
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -90,6 +91,31 @@ type Match struct {
 	Host string
 	// Headers are exact values; names are canonical.
 	Headers []HeaderMatch
+}
+
+// String describes the conditions as -check and GET /v1/rules show them:
+// "path prefix /login; methods POST", or "every request".
+func (m *Match) String() string {
+	var conds []string
+	switch {
+	case m.PathRegex != nil:
+		conds = append(conds, "path ~"+m.PathRegex.String())
+	case m.PathPrefix != "":
+		conds = append(conds, "path prefix "+m.PathPrefix)
+	}
+	if len(m.Methods) > 0 {
+		conds = append(conds, "methods "+strings.Join(m.Methods, ", "))
+	}
+	if m.Host != "" {
+		conds = append(conds, "host "+m.Host)
+	}
+	for _, h := range m.Headers {
+		conds = append(conds, fmt.Sprintf("header %s: %q", h.Name, h.Value))
+	}
+	if len(conds) == 0 {
+		return "every request"
+	}
+	return strings.Join(conds, "; ")
 }
 
 // HeaderMatch requires a request header to have exactly Value.

@@ -40,8 +40,8 @@ func (o Observer) BadRequest(reason handler.BadRequestReason, elapsed time.Durat
 }
 
 // Undecided implements handler.Observer.
-func (o Observer) Undecided(mode string, elapsed time.Duration) {
+func (o Observer) Undecided(mode string, d *limits.Decision, elapsed time.Duration) {
 	if o.Metrics != nil {
-		o.Metrics.Undecided(mode, elapsed)
+		o.Metrics.Undecided(mode, d, elapsed)
 	}
 }

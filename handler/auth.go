@@ -91,7 +91,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	if err != nil {
 		h.storeFailed(ctx, err)
 		if h.obs != nil {
-			h.obs.Undecided(h.failureMode, time.Since(start))
+			h.obs.Undecided(h.failureMode, &s.dec, time.Since(start))
 		}
 		return
 	}

@@ -120,7 +120,8 @@ type Observer interface {
 	// Undecided reports a request answered by the failure mode because the
 	// store failed and nothing decided it: mode is FailAllow (204), FailDeny
 	// (503) or FailLocal (204: the local fallback failed too).
-	Undecided(mode string, elapsed time.Duration)
+	// d.Verdicts lists the rules that matched (their results are unset).
+	Undecided(mode string, d *limits.Decision, elapsed time.Duration)
 }
 
 // Decider decides one request; *limits.Limiter implements it. Decide fills d

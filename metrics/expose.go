@@ -150,6 +150,13 @@ func (m *Metrics) AppendText(b []byte) []byte {
 	for i := range numModes {
 		e.sample("rategate_failure_mode_decisions_total", float64(m.failureMode[i].Load()), "mode", modeNames[i])
 	}
+	e.family("rategate_failure_mode_rule_decisions_total", "counter",
+		"The same answers counted once per matching rule, by rule and mode: which limits went unenforced (allow, deny) or were enforced per process (local).")
+	for _, n := range names {
+		for i := range numModes {
+			e.sample("rategate_failure_mode_rule_decisions_total", float64(rules[n].failure[i].Load()), "rule", n, "mode", modeNames[i])
+		}
+	}
 
 	e.family("rategate_store_duration_seconds", "histogram",
 		"Time of one store call by op: decide (one /auth decision, every matching rule), peek, reset, ping, raw.")

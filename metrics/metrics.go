@@ -64,6 +64,8 @@ var modeNames = [numModes]string{handler.FailAllow, handler.FailDeny, handler.Fa
 // ruleSeries are one rule's decision counters.
 type ruleSeries struct {
 	allowed, limited, shadowLimited atomic.Uint64
+	// failure counts this rule's requests answered by each failure mode.
+	failure [numModes]atomic.Uint64
 }
 
 // RuleInfo describes one effective rule for the rule gauges.
@@ -194,6 +196,9 @@ func (m *Metrics) Decided(d *limits.Decision, elapsed time.Duration) {
 	}
 	if d.Local {
 		m.failureMode[modeLocal].Add(1)
+		for i := range d.Verdicts {
+			m.rule(d.Verdicts[i].Rule.Name).failure[modeLocal].Add(1)
+		}
 	}
 	m.requests[o].Add(1)
 	m.requestDur[o].Observe(elapsed)
@@ -209,14 +214,19 @@ func (m *Metrics) BadRequest(reason handler.BadRequestReason, elapsed time.Durat
 }
 
 // Undecided implements handler.Observer.
-func (m *Metrics) Undecided(mode string, elapsed time.Duration) {
+func (m *Metrics) Undecided(mode string, d *limits.Decision, elapsed time.Duration) {
+	i := modeAllow
 	switch mode {
 	case handler.FailDeny:
-		m.failureMode[modeDeny].Add(1)
+		i = modeDeny
 	case handler.FailLocal:
-		m.failureMode[modeLocal].Add(1)
-	default:
-		m.failureMode[modeAllow].Add(1)
+		i = modeLocal
+	}
+	m.failureMode[i].Add(1)
+	if d != nil {
+		for v := range d.Verdicts {
+			m.rule(d.Verdicts[v].Rule.Name).failure[i].Add(1)
+		}
 	}
 	m.requests[OutcomeUnavailable].Add(1)
 	m.requestDur[OutcomeUnavailable].Observe(elapsed)

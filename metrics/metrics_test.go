@@ -54,7 +54,7 @@ func TestExposition(t *testing.T) {
 	m.Decided(&limits.Decision{Admitted: false, Verdicts: []limits.Verdict{{Rule: login}}, Local: true}, 2*time.Millisecond)
 	m.Decided(&limits.Decision{Admitted: true}, time.Microsecond)
 	m.BadRequest(handler.BadCost, time.Microsecond)
-	m.Undecided(handler.FailDeny, time.Microsecond)
+	m.Undecided(handler.FailDeny, &limits.Decision{Verdicts: []limits.Verdict{{Rule: login}, {Rule: sh}}}, time.Microsecond)
 	m.Reloaded(true)
 	m.Reloaded(false)
 	m.AddGaugeFunc("rategate_test_gauge", "A gauge read at scrape time.", func() float64 { return 2.5 })
@@ -110,6 +110,11 @@ func TestExposition(t *testing.T) {
 		{"rategate_failure_mode_decisions_total", []string{"mode", "local"}, 1},
 		{"rategate_failure_mode_decisions_total", []string{"mode", "deny"}, 1},
 		{"rategate_failure_mode_decisions_total", []string{"mode", "allow"}, 0},
+		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "local"}, 1},
+		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "deny"}, 1},
+		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "sh", "mode", "deny"}, 1},
+		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "sh", "mode", "local"}, 0},
+		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "allow"}, 0},
 		{"rategate_config_reloads_total", []string{"result", "success"}, 1},
 		{"rategate_config_reloads_total", []string{"result", "error"}, 1},
 		{"rategate_config_last_reload_successful", nil, 0},

@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -301,6 +303,11 @@ func handlerOptions(cfg *config.Config, log zerolog.Logger) handler.Options {
 func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, redis.UniversalClient, error) {
 	rc := cfg.Redis
 	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password}
+	tlsConf, err := redisTLS(rc.TLS)
+	if err != nil {
+		return nil, nil, err
+	}
+	o.TLS = tlsConf
 	switch {
 	case redisURL != "" || rc.URL != "":
 		// redis://host:port/db, or go-redis's cluster (?addr=) and
@@ -309,7 +316,8 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.
 	case len(rc.ClusterAddrs) > 0:
 		o.ClusterAddrs = rc.ClusterAddrs
 	case rc.Sentinel.Master != "":
-		o.SentinelMaster, o.SentinelAddrs, o.SentinelPassword = rc.Sentinel.Master, rc.Sentinel.Addrs, rc.Sentinel.Password
+		o.SentinelMaster, o.SentinelAddrs = rc.Sentinel.Master, rc.Sentinel.Addrs
+		o.SentinelUsername, o.SentinelPassword = rc.Sentinel.Username, rc.Sentinel.Password
 	default:
 		log.Info().Msg("no Redis configured: using the embedded in-memory store (limits are per process; set -redis redis://host:6379/0 to share them)")
 		return limits.NewMemoryStore(), nil, nil
@@ -331,6 +339,33 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.
 		log.Info().Str("store", store.Name()).Str("topology", string(store.Topology())).Msg("connected to Redis")
 	}
 	return store, store.Client(), nil
+}
+
+// redisTLS builds the TLS settings of redis.tls, or nil when it is off.
+// Errors name the field whose file could not be used.
+func redisTLS(t config.TLS) (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis.tls.ca_file: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis.tls.ca_file: no PEM certificate in %q", t.CAFile)
+		}
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis.tls.cert_file/key_file: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // newLogger writes JSON, or a human console format when w is a terminal.

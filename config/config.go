@@ -67,6 +67,9 @@ type Redis struct {
 	// ClusterAddrs are Redis Cluster seed nodes, host:port.
 	ClusterAddrs []string
 	Sentinel     Sentinel
+	// TLS encrypts the connections of every topology; a rediss:// URL turns
+	// it on too.
+	TLS TLS
 	// Username and Password authenticate to Redis (cluster and sentinel
 	// topologies; a URL may carry its own).
 	Username string
@@ -81,8 +84,24 @@ type Redis struct {
 type Sentinel struct {
 	Master string
 	Addrs  []string
-	// Password authenticates to the sentinels themselves.
+	// Username and Password authenticate to the sentinels themselves.
+	Username string
 	Password string
+}
+
+// TLS is `redis.tls:`.
+type TLS struct {
+	Enabled bool
+	// CAFile is a PEM bundle of the CAs that sign the servers' certificates;
+	// empty = the system roots.
+	CAFile string
+	// CertFile and KeyFile are a client certificate, for servers that
+	// require one (tls-auth-clients).
+	CertFile, KeyFile string
+	// ServerName overrides the name checked in the server's certificate.
+	ServerName string
+	// InsecureSkipVerify turns off certificate checks: tests only.
+	InsecureSkipVerify bool
 }
 
 // Admin is the `admin:` block.

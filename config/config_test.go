@@ -74,6 +74,12 @@ var invalidCases = map[string][]string{
 	"bad_regex.yaml": {
 		"rules[0] \"users\": match.path regex \"^/users/([0-9]+$\" does not compile: error parsing regexp: missing closing ): `^/users/([0-9]+$`",
 	},
+	"tls_not_enabled.yaml": {
+		`redis.tls.ca_file: has no effect without redis.tls.enabled: true`,
+	},
+	"tls_cert_without_key.yaml": {
+		`redis.tls: cert_file and key_file go together (a client certificate needs both), got only cert_file`,
+	},
 	"path_not_normalized.yaml": {
 		`rules[0] "admin": match.path "/a/../admin//x" is not a normalized route and would never match; write "/admin/x"`,
 	},

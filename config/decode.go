@@ -87,6 +87,7 @@ type rawRedis struct {
 	URL          opt[string]
 	ClusterAddrs opt[[]string]
 	Sentinel     rawSentinel
+	TLS          rawTLS
 	Username     opt[string]
 	Password     opt[string]
 	KeyPrefix    opt[string]
@@ -98,6 +99,7 @@ func (r *rawRedis) fields() []field {
 		{"url", &r.URL},
 		{"cluster_addrs", &r.ClusterAddrs},
 		{"sentinel", &r.Sentinel},
+		{"tls", &r.TLS},
 		{"username", &r.Username},
 		{"password", &r.Password},
 		{"key_prefix", &r.KeyPrefix},
@@ -109,6 +111,7 @@ type rawSentinel struct {
 	section
 	Master   opt[string]
 	Addrs    opt[[]string]
+	Username opt[string]
 	Password opt[string]
 }
 
@@ -116,7 +119,29 @@ func (s *rawSentinel) fields() []field {
 	return []field{
 		{"master", &s.Master},
 		{"addrs", &s.Addrs},
+		{"username", &s.Username},
 		{"password", &s.Password},
+	}
+}
+
+type rawTLS struct {
+	section
+	Enabled            opt[bool]
+	CAFile             opt[string]
+	CertFile           opt[string]
+	KeyFile            opt[string]
+	ServerName         opt[string]
+	InsecureSkipVerify opt[bool]
+}
+
+func (t *rawTLS) fields() []field {
+	return []field{
+		{"enabled", &t.Enabled},
+		{"ca_file", &t.CAFile},
+		{"cert_file", &t.CertFile},
+		{"key_file", &t.KeyFile},
+		{"server_name", &t.ServerName},
+		{"insecure_skip_verify", &t.InsecureSkipVerify},
 	}
 }
 

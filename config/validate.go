@@ -139,7 +139,7 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 	}
 	if s := &r.Sentinel; !s.Bad && (s.Master.V != "" || len(s.Addrs.V) > 0 || s.Password.V != "") {
 		topologies = append(topologies, "sentinel")
-		out.Sentinel = Sentinel{Master: s.Master.V, Addrs: s.Addrs.V, Password: s.Password.V}
+		out.Sentinel = Sentinel{Master: s.Master.V, Addrs: s.Addrs.V, Username: s.Username.V, Password: s.Password.V}
 		if s.Master.V == "" && !s.Master.Bad {
 			d.add(s.Line, "redis.sentinel.master", "is required when redis.sentinel is used")
 		}
@@ -151,6 +151,7 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 	if len(topologies) > 1 {
 		d.add(r.Line, "redis", "use only one of url, cluster_addrs and sentinel, got %s", strings.Join(topologies, " and "))
 	}
+	validateTLS(d, &r.TLS, &out.TLS)
 	out.Username = r.Username.V
 	out.Password = r.Password.V
 	if v := &r.KeyPrefix; v.ok() {
@@ -167,6 +168,36 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 		case v.V > maxTimeout:
 			d.add(v.Line, "redis.timeout", "must be <= %s, got %s", FormatDuration(maxTimeout), FormatDuration(v.V))
 		}
+	}
+}
+
+// validateTLS checks redis.tls. Files are named, not read: validation stays
+// pure, and main reports a file it cannot load with the field's name.
+func validateTLS(d *decoder, t *rawTLS, out *TLS) {
+	if t.Bad {
+		return
+	}
+	*out = TLS{Enabled: t.Enabled.V, CAFile: t.CAFile.V, CertFile: t.CertFile.V, KeyFile: t.KeyFile.V,
+		ServerName: t.ServerName.V, InsecureSkipVerify: t.InsecureSkipVerify.V}
+	if !out.Enabled {
+		for _, f := range []struct {
+			name string
+			set  bool
+			line int
+		}{
+			{"ca_file", out.CAFile != "", t.CAFile.Line}, {"cert_file", out.CertFile != "", t.CertFile.Line},
+			{"key_file", out.KeyFile != "", t.KeyFile.Line}, {"server_name", out.ServerName != "", t.ServerName.Line},
+			{"insecure_skip_verify", out.InsecureSkipVerify, t.InsecureSkipVerify.Line},
+		} {
+			if f.set {
+				d.add(f.line, "redis.tls."+f.name, "has no effect without redis.tls.enabled: true")
+			}
+		}
+		return
+	}
+	if (out.CertFile == "") != (out.KeyFile == "") {
+		d.add(t.Line, "redis.tls", "cert_file and key_file go together (a client certificate needs both), got only %s",
+			map[bool]string{true: "cert_file", false: "key_file"}[out.CertFile != ""])
 	}
 }
 

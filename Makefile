@@ -55,9 +55,10 @@ check:
 
 # The load benchmark, not part of `make test` (about 5 minutes): wrk and a
 # fixed-rate generator against NGINX + rategate + Redis and against a
-# do-nothing floor, alternated, on loopback ports; installs wrk when it is
-# missing. Results: bench/results/. See README "Performance" for the knobs
-# (BENCH_DURATION, BENCH_ROUNDS, BENCH_SCENARIOS, ...).
+# do-nothing floor, alternated, on loopback ports; installs wrk (and
+# redis-server, nginx, linux-perf) when missing. Results: bench/results/.
+# See README "Performance" for the knobs (BENCH_DURATION, BENCH_ROUNDS,
+# BENCH_SCENARIOS, ...).
 .PHONY: bench
 bench:
 	bash bench/run.sh

@@ -1,0 +1,11 @@
+// Package bench holds rategate's benchmarks; it has no code of its own.
+//
+//   - `make bench` (bench/run.sh, bench/runner): the load benchmark. wrk and
+//     a fixed-rate generator (bench/openloop) against NGINX + rategate +
+//     Redis and against the floor (NGINX + bench/floor, a do-nothing 204
+//     server), alternated, on loopback; results as ratios in
+//     bench/results/.
+//   - micro_test.go: Go micro-benchmarks of the hot path, from route
+//     normalization to a whole /auth decision against a real redis-server:
+//     go test -run '^$' -bench . -benchmem ./bench/
+package bench

@@ -1,0 +1,298 @@
+// Command runner is the load benchmark behind `make bench` (bench/run.sh
+// builds it and the binaries it needs, then runs it).
+//
+// It starts, on free loopback ports: redis-server; rategate with
+// bench/policy.yaml and that Redis; the floor server (bench/floor, a
+// do-nothing fasthttp server answering 204) twice, once as the floor's auth
+// service and once as the application; and two copies of the shipped
+// nginx/nginx.conf with one worker process, one asking rategate and one
+// asking the floor server, both proxying allowed requests to the same
+// application. For each scenario it alternates wrk runs against the floor
+// and against rategate (floor, rategate, floor, rategate, ...), reads the
+// CPU time of every process from /proc, Redis's INFO commandstats, and
+// prints the medians and their ratios. It writes everything as JSON to
+// bench/results/<time>.json and the table to bench/results/latest.md.
+//
+// Environment knobs: BENCH_DURATION (per run, default 3s), BENCH_ROUNDS
+// (alternations, default 4), BENCH_CONNECTIONS (default 50), BENCH_THREADS
+// (wrk threads, default 2), BENCH_USERS (default 10000), BENCH_SCENARIOS
+// (comma-separated names, default all; see scenarios), BENCH_RATE (the
+// latency check's rate), BENCH_NGINX_KEEPALIVE (an experiment: the
+// upstreams' keepalive instead of the shipped one).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// scenario is one workload, run against the floor and against rategate.
+type scenario struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// Via is "nginx" (wrk -> NGINX -> auth_request) or "direct" (wrk -> /auth).
+	Via    string `json:"via"`
+	Prefix string `json:"prefix"`
+	// Users is the number of identities; 0 means BENCH_USERS.
+	Users int `json:"users"`
+	// Target is the ratio rategate/floor to reach, 0 for none.
+	Target float64 `json:"target,omitempty"`
+	// Quiet runs through nginx/nginx-quiet.conf, with rategate on
+	// deny_status 403.
+	Quiet bool `json:"quiet,omitempty"`
+}
+
+// scenarios are the workloads, in order. The rules each prefix hits are in
+// bench/policy.yaml. "latency" (the fixed-rate check) runs after them.
+var scenarios = []scenario{
+	{Name: "mostly-allowed", Via: "nginx", Prefix: "/api/", Target: 0.8,
+		Description: "10k users, random user per request, one fixed_window rule per user, all allowed; through NGINX"},
+	{Name: "direct", Via: "direct", Prefix: "/api/", Target: 0.65,
+		Description: "the same requests straight to /auth (floor: the do-nothing server hit directly)"},
+	{Name: "attack", Via: "nginx", Prefix: "/attack/", Users: 5, Target: 0.95,
+		Description: "5 identities far over their limit (10/s each: 100x at 5,000 req/s); through NGINX, denials are 429"},
+	{Name: "attack-quiet", Via: "nginx", Prefix: "/attack/", Users: 5, Quiet: true,
+		Description: "the same attack through nginx/nginx-quiet.conf, rategate on deny_status: 403 (no error-log line, NGINX maps it to 429)"},
+	{Name: "multi-rule", Via: "nginx", Prefix: "/multi/",
+		Description: "three fixed_window rules per request: user + route + global; through NGINX"},
+	{Name: "sliding_log", Via: "nginx", Prefix: "/algo/sliding-log/",
+		Description: "one sliding_log rule per user; through NGINX"},
+	{Name: "sliding_window", Via: "nginx", Prefix: "/algo/sliding-window/",
+		Description: "one sliding_window rule per user; through NGINX"},
+	{Name: "gcra", Via: "nginx", Prefix: "/algo/gcra/",
+		Description: "one gcra rule per user; through NGINX"},
+	{Name: "token_bucket", Via: "nginx", Prefix: "/algo/token-bucket/",
+		Description: "one token_bucket rule per user; through NGINX"},
+}
+
+// latencyScenario is the fixed-rate check's name in BENCH_SCENARIOS and the results.
+const latencyScenario = "latency"
+
+// settings are the knobs, from the environment.
+type settings struct {
+	Duration    time.Duration `json:"-"`
+	DurationS   float64       `json:"duration_s"`
+	Rounds      int           `json:"rounds"`
+	Connections int           `json:"connections"`
+	Threads     int           `json:"threads"`
+	Users       int           `json:"users"`
+	Scenarios   []string      `json:"scenarios"`
+	// NginxKeepalive, when > 0, is an experiment: the upstreams' keepalive
+	// (idle connections per worker) instead of the shipped 32 and 16.
+	NginxKeepalive int `json:"nginx_keepalive,omitempty"`
+}
+
+func loadSettings(getenv func(string) string) (settings, error) {
+	s := settings{Duration: 3 * time.Second, Rounds: 4, Connections: 50, Threads: 2, Users: 10000}
+	var errs []error
+	if v := getenv("BENCH_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			errs = append(errs, fmt.Errorf("BENCH_DURATION=%q: want a duration of at least 1s, like 5s", v))
+		}
+		s.Duration = d.Round(time.Second)
+	}
+	ints := []struct {
+		env string
+		dst *int
+	}{{"BENCH_ROUNDS", &s.Rounds}, {"BENCH_CONNECTIONS", &s.Connections}, {"BENCH_THREADS", &s.Threads},
+		{"BENCH_USERS", &s.Users}, {"BENCH_NGINX_KEEPALIVE", &s.NginxKeepalive}}
+	for _, e := range ints {
+		if v := getenv(e.env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", e.env, v))
+				continue
+			}
+			*e.dst = n
+		}
+	}
+	if s.Threads > s.Connections {
+		errs = append(errs, fmt.Errorf("BENCH_THREADS (%d) must not exceed BENCH_CONNECTIONS (%d)", s.Threads, s.Connections))
+	}
+	known := map[string]bool{latencyScenario: true}
+	for _, sc := range scenarios {
+		known[sc.Name] = true
+		s.Scenarios = append(s.Scenarios, sc.Name)
+	}
+	s.Scenarios = append(s.Scenarios, latencyScenario)
+	if v := getenv("BENCH_SCENARIOS"); v != "" {
+		s.Scenarios = nil
+		for _, name := range strings.Split(v, ",") {
+			name = strings.TrimSpace(name)
+			if !known[name] {
+				errs = append(errs, fmt.Errorf("BENCH_SCENARIOS: unknown scenario %q (known: %s)", name, strings.Join(allNames(), ", ")))
+				continue
+			}
+			s.Scenarios = append(s.Scenarios, name)
+		}
+	}
+	s.DurationS = s.Duration.Seconds()
+	return s, errors.Join(errs...)
+}
+
+func allNames() []string {
+	var n []string
+	for _, sc := range scenarios {
+		n = append(n, sc.Name)
+	}
+	return append(n, latencyScenario)
+}
+
+func (s settings) wants(name string) bool {
+	for _, n := range s.Scenarios {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+func main() {
+	work := flag.String("work", "", "work `dir`: configs, logs, the pid file (required)")
+	bin := flag.String("bin", "", "`dir` holding the rategate, floor and openloop binaries (required)")
+	repo := flag.String("repo", ".", "repository root `dir` (nginx/, bench/)")
+	results := flag.String("results", "", "results `dir` (default <repo>/bench/results)")
+	render := flag.String("render", "", "print the summary and the Markdown table of a results `file` (JSON) and exit")
+	flag.Parse()
+	if *render != "" {
+		if err := renderFile(*render); err != nil {
+			fmt.Fprintln(os.Stderr, "runner:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *work == "" || *bin == "" {
+		fmt.Fprintln(os.Stderr, "runner: -work and -bin are required (run it through make bench)")
+		os.Exit(2)
+	}
+	if *results == "" {
+		*results = filepath.Join(*repo, "bench", "results")
+	}
+	cfg, err := loadSettings(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runner:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, *work, *bin, *repo, *results); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "runner: interrupted; every server it started is stopped")
+			os.Exit(130)
+		}
+		fmt.Fprintln(os.Stderr, "runner:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg settings, work, bin, repo, resultsDir string) error {
+	res := &results{
+		Started:  time.Now().UTC(),
+		Settings: cfg,
+		Machine:  describeMachine(repo),
+		Command:  "make bench",
+	}
+	res.LoadBefore = loadAvg()
+	fmt.Printf("rategate bench: %d-CPU %s; load average %.2f %.2f %.2f\n",
+		res.Machine.CPUs, res.Machine.Model, res.LoadBefore[0], res.LoadBefore[1], res.LoadBefore[2])
+	fmt.Printf("runs of %s, %d alternations (floor, rategate, ...), wrk -t%d -c%d, %d users; work dir %s\n",
+		cfg.Duration, cfg.Rounds, cfg.Threads, cfg.Connections, cfg.Users, work)
+
+	ps := &procSet{pidFile: filepath.Join(work, "pids")}
+	defer ps.stopAll()
+	if cfg.NginxKeepalive > 0 {
+		fmt.Printf("EXPERIMENT: both NGINX copies keep %d idle connections per upstream (BENCH_NGINX_KEEPALIVE), not the shipped 32/16\n", cfg.NginxKeepalive)
+	}
+	st, err := startStack(ctx, ps, work, bin, repo, cfg.NginxKeepalive)
+	if err != nil {
+		return err
+	}
+	defer st.rdb.Close()
+	res.Stack = st.describe()
+	fmt.Println(res.Stack.Summary)
+
+	// Warm up both paths (connections, EVALSHA's script cache, the Go heap).
+	fmt.Println("warming up (1 s per path, not measured)")
+	for _, tg := range []target{st.target("floor", "nginx", false), st.target("rategate", "nginx", false),
+		st.target("rategate", "direct", false), st.target("rategate", "nginx", true)} {
+		mode := tg.via
+		args := wrkArgs(cfg.Threads, cfg.Connections, time.Second, st.script, tg.url, mode, "/api/", cfg.Users)
+		if _, err := runCmd(ctx, "wrk", args...); err != nil {
+			return fmt.Errorf("warm-up against %s: %w", tg.url, err)
+		}
+	}
+
+	for _, sc := range scenarios {
+		if !cfg.wants(sc.Name) {
+			continue
+		}
+		if sc.Users == 0 {
+			sc.Users = cfg.Users
+		}
+		r, err := st.runScenario(ctx, cfg, sc)
+		if err != nil {
+			return err
+		}
+		res.Scenarios = append(res.Scenarios, r)
+	}
+	if cfg.wants(latencyScenario) {
+		r, err := st.runLatency(ctx, cfg, res.Scenarios)
+		if err != nil {
+			return err
+		}
+		res.Latency = r
+	}
+	res.Finished = time.Now().UTC()
+	res.LoadAfter = loadAvg()
+	res.evaluate()
+
+	// The logs say whether anything went wrong inside (store errors, NGINX
+	// failures) while it ran.
+	res.Logs = st.logSummary()
+
+	fmt.Println()
+	fmt.Print(res.text())
+	return res.write(resultsDir)
+}
+
+// renderFile prints a saved run's summary and Markdown table again.
+func renderFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var res results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	res.Settings.Duration = time.Duration(res.Settings.DurationS * float64(time.Second))
+	for i := range res.Scenarios {
+		res.Scenarios[i].summarize()
+	}
+	if res.Latency != nil {
+		res.Latency.summarize()
+	}
+	res.evaluate()
+	fmt.Print(res.text())
+	fmt.Println()
+	fmt.Print(res.markdown())
+	return nil
+}
+
+// runCmd runs a short-lived command and returns its stdout; stderr goes
+// into the error.
+func runCmd(ctx context.Context, name string, args ...string) (string, error) {
+	out, _, err := runTimed(ctx, name, args...)
+	return out, err
+}

@@ -97,9 +97,6 @@ type load struct {
 	maxLat atomic.Int64 // ns
 	shared atomic.Int64
 	local  atomic.Int64
-	// lastErr is the last store error seen, for the log.
-	mu      sync.Mutex
-	lastErr string
 }
 
 func startLoad(t *testing.T, l *Limiter, workers int) *load {

@@ -19,9 +19,6 @@ import (
 // maxIdentity bounds the literal identity part of a key.
 const maxIdentity = 96
 
-// hashedIdentityLen is len("#") + 32 hex digits.
-const hashedIdentityLen = 33
-
 // MaxKeyLen is the longest key AppendKey can produce for a valid rule
 // (prefix <= 32, rule name <= 64).
 const MaxKeyLen = 32 + 2 + 64 + 1 + maxIdentity + 2 + 2

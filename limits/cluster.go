@@ -132,7 +132,7 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 	if len(groups) == 1 {
 		return s.decideAll(ctx, b, results)
 	}
-	parallel(len(groups), func(i int) { s.decideGroup(ctx, b, &groups[i], results) })
+	s.decideGroups(ctx, b, groups, results)
 
 	var err error
 	admitted := true
@@ -183,16 +183,48 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 	return false, nil
 }
 
-// decideGroup runs decide.lua for one slot's checks and fills their results.
-func (s *RedisStore) decideGroup(ctx context.Context, b *Batch, g *slotGroup, results []Result) {
-	keys := make([]string, len(g.idx))
-	args := make([]any, 1, 1+6*len(g.idx))
-	args[0] = b.NowUS
-	for k, i := range g.idx {
-		keys[k] = b.Checks[i].Key
-		args, _ = appendCheckArgs(args, &b.Checks[i]) // codes checked by decideSlots
+// decideGroups runs decide.lua for every slot's checks at once: all in the
+// shared pipelines (one per node) when coalescing, else one goroutine per
+// slot.
+func (s *RedisStore) decideGroups(ctx context.Context, b *Batch, groups []slotGroup, results []Result) {
+	if s.co == nil {
+		parallel(len(groups), func(i int) {
+			call := groupCall(ctx, b, &groups[i])
+			reply, err := s.script.Run(ctx, s.client, call.keys, call.args...).Result()
+			call.release()
+			s.groupDecided(&groups[i], reply, err, results)
+		})
+		return
 	}
-	reply, err := s.script.Run(ctx, s.client, keys, args...).Result()
+	calls := make([]*scriptCall, len(groups))
+	for i := range groups {
+		calls[i] = groupCall(ctx, b, &groups[i])
+		if !s.co.enqueue(calls[i]) {
+			calls[i].finish(nil, errCoalescerClosed)
+		}
+	}
+	for i, call := range calls {
+		reply, err, ok := call.wait()
+		if ok {
+			call.release()
+		}
+		s.groupDecided(&groups[i], reply, err, results)
+	}
+}
+
+// groupCall builds the decide.lua call of one slot's checks.
+func groupCall(ctx context.Context, b *Batch, g *slotGroup) *scriptCall {
+	call := newCall(ctx)
+	call.args = append(call.args, b.NowUS)
+	for _, i := range g.idx {
+		call.keys = append(call.keys, b.Checks[i].Key)
+		call.args, _ = appendCheckArgs(call.args, &b.Checks[i]) // codes checked by decideSlots
+	}
+	return call
+}
+
+// groupDecided fills g's results from its decide.lua reply.
+func (s *RedisStore) groupDecided(g *slotGroup, reply any, err error, results []Result) {
 	if err != nil {
 		s.noteError(err)
 		g.err = fmt.Errorf("redis store: decide (slot %d): %w", g.slot, err)

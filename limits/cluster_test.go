@@ -557,7 +557,14 @@ func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if name := cmd.Name(); name == "evalsha" || name == "eval" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // waitGoroutines waits until no more goroutines run than before, and fails

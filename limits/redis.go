@@ -23,6 +23,7 @@ type RedisClient interface {
 	redis.Scripter
 	Ping(ctx context.Context) *redis.StatusCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	Pipeline() redis.Pipeliner
 	Close() error
 }
 
@@ -41,7 +42,8 @@ const (
 // RedisStore decides batches with the multi-rule script (lua/decide.lua):
 // one EVALSHA per request on a single Redis or a Sentinel-managed primary
 // (EVAL when Redis answers NOSCRIPT, e.g. after a restart or failover), one
-// per hash slot in parallel on Redis Cluster.
+// per hash slot in parallel on Redis Cluster. Concurrent decisions share
+// pipelines (coalesce.go) unless that is turned off.
 type RedisStore struct {
 	client   RedisClient
 	topology Topology
@@ -55,20 +57,28 @@ type RedisStore struct {
 	// master is the Sentinel master name (Sentinel only).
 	master string
 	bg     background
+	// co gathers concurrent script runs into pipelines; nil when off.
+	co *coalescer
 }
 
 // NewRedisStore returns a store over client; name describes it in logs. A
 // *redis.ClusterClient is used as a cluster; anything else as one Redis
 // (a Sentinel failover client included; OpenRedis names it as such).
-func NewRedisStore(client RedisClient, name string) (*RedisStore, error) {
+// Decisions are coalesced into pipelines with the default options, or with
+// co when given.
+func NewRedisStore(client RedisClient, name string, co ...CoalesceOptions) (*RedisStore, error) {
 	topo := Standalone
 	if _, ok := client.(*redis.ClusterClient); ok {
 		topo = Cluster
 	}
-	return newRedisStore(client, topo, name)
+	var o CoalesceOptions
+	if len(co) > 0 {
+		o = co[0]
+	}
+	return newRedisStore(client, topo, name, o)
 }
 
-func newRedisStore(client RedisClient, topo Topology, name string) (*RedisStore, error) {
+func newRedisStore(client RedisClient, topo Topology, name string, co CoalesceOptions) (*RedisStore, error) {
 	src, err := lua.Decide()
 	if err != nil {
 		return nil, err
@@ -83,6 +93,9 @@ func newRedisStore(client RedisClient, topo Topology, name string) (*RedisStore,
 	}
 	s.bg.init()
 	s.name.Store(&name)
+	if !co.Disabled {
+		s.co = newCoalescer(client, s.script, co)
+	}
 	return s, nil
 }
 
@@ -111,6 +124,8 @@ type RedisOptions struct {
 	Password string
 	// TLS, when not nil, encrypts every connection (servers and sentinels).
 	TLS *tls.Config
+	// Coalesce says how concurrent decisions share pipelines.
+	Coalesce CoalesceOptions
 }
 
 // OpenRedis connects a Redis store of the topology o describes. It does not
@@ -163,7 +178,7 @@ func openRedisURL(o RedisOptions) (*RedisStore, error) {
 	}
 	opt.ContextTimeoutEnabled = true
 	client := redis.NewClient(opt)
-	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr)
+	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr, o.Coalesce)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -188,7 +203,7 @@ func openCluster(co *redis.ClusterOptions, o RedisOptions, name string) (*RedisS
 		co.DialerRetries = 1
 	}
 	client := redis.NewClusterClient(co)
-	s, err := newRedisStore(client, Cluster, name)
+	s, err := newRedisStore(client, Cluster, name, o.Coalesce)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -207,7 +222,7 @@ func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error
 	fo.ContextTimeoutEnabled = true
 	fo.ReplicaOnly, fo.RouteByLatency, fo.RouteRandomly = false, false, false
 	client := redis.NewFailoverClient(fo)
-	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")))
+	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")), o.Coalesce)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -264,8 +279,12 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
 }
 
-// Close stops the background refunds (cluster) and closes the client.
+// Close stops the pipelines and the background refunds (cluster) and
+// closes the client.
 func (s *RedisStore) Close() error {
+	if s.co != nil {
+		s.co.close()
+	}
 	s.bg.close()
 	return s.client.Close()
 }
@@ -285,24 +304,34 @@ func (s *RedisStore) Decide(ctx context.Context, b *Batch, results []Result) (bo
 // decideAll decides every check of b with one run of decide.lua: the whole
 // request is atomic. results has len(b.Checks).
 func (s *RedisStore) decideAll(ctx context.Context, b *Batch, results []Result) (bool, error) {
-	n := len(b.Checks)
-	keys := make([]string, n)
-	args := make([]any, 1, 1+6*n)
-	args[0] = b.NowUS
+	call := newCall(ctx)
+	call.args = append(call.args, b.NowUS)
 	for i := range b.Checks {
 		c := &b.Checks[i]
 		var err error
-		if args, err = appendCheckArgs(args, c); err != nil {
+		if call.args, err = appendCheckArgs(call.args, c); err != nil {
+			call.release()
 			return false, err
 		}
-		keys[i] = c.Key
+		call.keys = append(call.keys, c.Key)
 	}
-	reply, err := s.script.Run(ctx, s.client, keys, args...).Result()
+	reply, err := s.eval(call)
 	if err != nil {
 		s.noteError(err)
 		return false, fmt.Errorf("redis store: decide: %w", err)
 	}
 	return parseDecideReply(reply, results)
+}
+
+// eval runs decide.lua with call's keys and arguments, in a shared
+// pipeline or alone, and disposes of call.
+func (s *RedisStore) eval(call *scriptCall) (any, error) {
+	if s.co != nil {
+		return s.co.do(call)
+	}
+	reply, err := s.script.Run(call.ctx, s.client, call.keys, call.args...).Result()
+	call.release()
+	return reply, err
 }
 
 // appendCheckArgs appends decide.lua's six ARGV of one check.

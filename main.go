@@ -302,7 +302,12 @@ func handlerOptions(cfg *config.Config, log zerolog.Logger) handler.Options {
 // memory store): overrides, the top-denied sketch and INFO use it.
 func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, redis.UniversalClient, error) {
 	rc := cfg.Redis
-	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password}
+	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password, Coalesce: limits.CoalesceOptions{
+		Disabled:  !rc.Coalesce.Enabled,
+		Pipelines: rc.Coalesce.Pipelines,
+		MaxBatch:  rc.Coalesce.MaxBatch,
+		Wait:      rc.Coalesce.Wait,
+	}}
 	tlsConf, err := redisTLS(rc.TLS)
 	if err != nil {
 		return nil, nil, err

@@ -241,11 +241,16 @@ func serveOne(h *handler.Handler, ctx *fasthttp.RequestCtx, user []byte) error {
 
 // BenchmarkRedisDecide is the Redis store alone: one decision (all of a
 // request's rules in one EVALSHA of decide.lua) against a real
-// redis-server, one at a time or 50 at once.
+// redis-server, one at a time or 50 at once, coalesced into pipelines
+// (the default) or each on its own round trip.
 func BenchmarkRedisDecide(b *testing.B) {
 	srv := testredis.Start(b)
 	client := srv.Client(b)
-	rs, err := limits.NewRedisStore(client, "redis "+srv.Addr)
+	coalesced, err := limits.NewRedisStore(client, "redis "+srv.Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	alone, err := limits.NewRedisStore(client, "redis "+srv.Addr, limits.CoalesceOptions{Disabled: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -258,29 +263,36 @@ func BenchmarkRedisDecide(b *testing.B) {
 	}
 	for _, n := range []int{1, 3} {
 		for _, parallel := range []bool{false, true} {
-			name := fmt.Sprintf("rules=%d/serial", n)
-			if parallel {
-				name = fmt.Sprintf("rules=%d/parallel", n)
-			}
-			b.Run(name, func(b *testing.B) {
-				b.ReportAllocs()
-				if !parallel {
-					decideLoop(b, rs, keys[:n], func(body func()) {
-						for b.Loop() {
-							body()
-						}
-					})
-					return
+			for _, rs := range []*limits.RedisStore{coalesced, alone} {
+				name := fmt.Sprintf("rules=%d/serial", n)
+				if parallel {
+					name = fmt.Sprintf("rules=%d/parallel", n)
 				}
-				b.SetParallelism(25)
-				b.RunParallel(func(pb *testing.PB) {
-					decideLoop(b, rs, keys[:n], func(body func()) {
-						for pb.Next() {
-							body()
-						}
+				if _, ok := rs.Coalescing(); ok {
+					name += "/coalesced"
+				} else {
+					name += "/alone"
+				}
+				b.Run(name, func(b *testing.B) {
+					b.ReportAllocs()
+					if !parallel {
+						decideLoop(b, rs, keys[:n], func(body func()) {
+							for b.Loop() {
+								body()
+							}
+						})
+						return
+					}
+					b.SetParallelism(25)
+					b.RunParallel(func(pb *testing.PB) {
+						decideLoop(b, rs, keys[:n], func(body func()) {
+							for pb.Next() {
+								body()
+							}
+						})
 					})
 				})
-			})
+			}
 		}
 	}
 }

@@ -78,6 +78,23 @@ type Redis struct {
 	KeyPrefix string
 	// Timeout is the budget of one decision's Redis round trip; default 50ms.
 	Timeout time.Duration
+	// Coalesce gathers concurrent decisions into Redis pipelines.
+	Coalesce Coalesce
+}
+
+// Coalesce is `redis.coalesce:`. Decisions still run one script each;
+// only the round trips are shared.
+type Coalesce struct {
+	// Enabled is true by default.
+	Enabled bool
+	// Pipelines is how many pipelines may be in flight at once (one
+	// connection each, one per node on a cluster); default 4.
+	Pipelines int
+	// MaxBatch bounds the decisions in one pipeline; default 128.
+	MaxBatch int
+	// Wait is how long to wait for more decisions before sending a pipeline
+	// that is not full; default 0 (send what is queued).
+	Wait time.Duration
 }
 
 // Sentinel is `redis.sentinel:`; Master is "" when Sentinel is not used.

@@ -268,6 +268,13 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`redis.key_prefix: must match ^[A-Za-z0-9_-]{1,32}$, got "a:b"`}},
 		{"timeout too long", "redis: {timeout: 11s}\n",
 			[]string{`redis.timeout: must be <= 10s, got 11s`}},
+		{"coalesce pipelines out of range", "redis: {coalesce: {pipelines: 0, max_batch: 5000}}\n",
+			[]string{`redis.coalesce.pipelines: must be between 1 and 256, got 0`,
+				`redis.coalesce.max_batch: must be between 1 and 4096, got 5000`}},
+		{"coalesce wait eats the budget", "redis: {timeout: 20ms, coalesce: {wait: 15ms}}\n",
+			[]string{`redis.coalesce.wait: must be at most half of redis.timeout (20ms), got 15ms`}},
+		{"coalesce unknown key", "redis: {coalesce: {pipeline: 4}}\n",
+			[]string{`redis.coalesce: line 1: unknown key "pipeline" (did you mean "pipelines"?)`}},
 		{"bad identity header", "identity: {user_header: \"X User\"}\n",
 			[]string{`identity.user_header: "X User" is not a valid header name`}},
 		{"bad anonymous", "identity: {anonymous: deny}\n",
@@ -325,6 +332,7 @@ func TestLoadFull(t *testing.T) {
 			Password:  "redis-secret",
 			KeyPrefix: "rg-test",
 			Timeout:   120 * time.Millisecond,
+			Coalesce:  Coalesce{Enabled: false, Pipelines: 8, MaxBatch: 32, Wait: 20 * time.Microsecond},
 		},
 		FailureMode: "local",
 		LocalShare:  4,
@@ -422,8 +430,9 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Source:      "empty.yaml",
-		Redis:       Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond},
+		Source: "empty.yaml",
+		Redis: Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond,
+			Coalesce: Coalesce{Enabled: true, Pipelines: 4, MaxBatch: 128}},
 		FailureMode: "allow",
 		LocalShare:  1,
 		DenyStatus:  429,

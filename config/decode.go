@@ -92,6 +92,7 @@ type rawRedis struct {
 	Password     opt[string]
 	KeyPrefix    opt[string]
 	Timeout      opt[time.Duration]
+	Coalesce     rawCoalesce
 }
 
 func (r *rawRedis) fields() []field {
@@ -104,6 +105,24 @@ func (r *rawRedis) fields() []field {
 		{"password", &r.Password},
 		{"key_prefix", &r.KeyPrefix},
 		{"timeout", &r.Timeout},
+		{"coalesce", &r.Coalesce},
+	}
+}
+
+type rawCoalesce struct {
+	section
+	Enabled   opt[bool]
+	Pipelines opt[int64]
+	MaxBatch  opt[int64]
+	Wait      opt[time.Duration]
+}
+
+func (c *rawCoalesce) fields() []field {
+	return []field{
+		{"enabled", &c.Enabled},
+		{"pipelines", &c.Pipelines},
+		{"max_batch", &c.MaxBatch},
+		{"wait", &c.Wait},
 	}
 }
 

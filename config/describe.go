@@ -31,6 +31,9 @@ func (c *Config) Describe() string {
 		line("log level", "%s", c.LogLevel)
 	}
 	line("store", "%s", c.Redis.describe())
+	if c.Redis.URL != "" || len(c.Redis.ClusterAddrs) > 0 || c.Redis.Sentinel.Master != "" {
+		line("coalesce", "%s", c.Redis.describeCoalesce())
+	}
 	mode := c.FailureMode
 	switch mode {
 	case "allow":
@@ -87,6 +90,19 @@ func (r *Redis) describe() string {
 		return fmt.Sprintf("redis sentinel master %q via %s, key prefix %q, timeout %s", r.Sentinel.Master, strings.Join(r.Sentinel.Addrs, ", "), r.KeyPrefix, FormatDuration(r.Timeout))
 	}
 	return "in-memory (no redis configured: limits hold per process)"
+}
+
+// describeCoalesce says how decisions share round trips to Redis.
+func (r *Redis) describeCoalesce() string {
+	c := r.Coalesce
+	if !c.Enabled {
+		return "off (one round trip per decision)"
+	}
+	s := fmt.Sprintf("up to %d pipelines in flight, at most %d decisions each", c.Pipelines, c.MaxBatch)
+	if c.Wait > 0 {
+		s += ", waiting up to " + FormatDuration(c.Wait) + " for more"
+	}
+	return s
 }
 
 func describeRule(b *strings.Builder, r *limits.Rule) {

@@ -31,6 +31,10 @@ const (
 	maxCostLimit = 1_000_000
 
 	maxTimeout = 10 * time.Second
+
+	// Bounds of redis.coalesce.
+	maxPipelines = 256
+	maxBatch     = 4096
 )
 
 // Defaults of the configuration.
@@ -45,6 +49,8 @@ const (
 	defaultMethodHeader = "X-Original-Method"
 	defaultHostHeader   = "X-Original-Host"
 	defaultMaxCost      = 100
+	defaultPipelines    = 4
+	defaultMaxBatch     = 128
 )
 
 // defaultTrustedProxies returns the proxies trusted when identity.trusted_proxies is omitted.
@@ -167,6 +173,40 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 			d.add(v.Line, "redis.timeout", "must be > 0, got %s", FormatDuration(v.V))
 		case v.V > maxTimeout:
 			d.add(v.Line, "redis.timeout", "must be <= %s, got %s", FormatDuration(maxTimeout), FormatDuration(v.V))
+		}
+	}
+	validateCoalesce(d, &r.Coalesce, &out.Coalesce, out.Timeout)
+}
+
+// validateCoalesce checks redis.coalesce. Its wait is spent inside every
+// decision's budget, so it must leave most of redis.timeout for Redis.
+func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Duration) {
+	*out = Coalesce{Enabled: true, Pipelines: defaultPipelines, MaxBatch: defaultMaxBatch}
+	if c.Bad {
+		return
+	}
+	if v := &c.Enabled; v.ok() {
+		out.Enabled = v.V
+	}
+	if v := &c.Pipelines; v.ok() {
+		out.Pipelines = int(v.V)
+		if v.V < 1 || v.V > maxPipelines {
+			d.add(v.Line, "redis.coalesce.pipelines", "must be between 1 and %d, got %d", maxPipelines, v.V)
+		}
+	}
+	if v := &c.MaxBatch; v.ok() {
+		out.MaxBatch = int(v.V)
+		if v.V < 1 || v.V > maxBatch {
+			d.add(v.Line, "redis.coalesce.max_batch", "must be between 1 and %d, got %d", maxBatch, v.V)
+		}
+	}
+	if v := &c.Wait; v.ok() {
+		out.Wait = v.V
+		switch {
+		case v.V < 0:
+			d.add(v.Line, "redis.coalesce.wait", "must be >= 0, got %s", FormatDuration(v.V))
+		case v.V > timeout/2:
+			d.add(v.Line, "redis.coalesce.wait", "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
 		}
 	}
 }

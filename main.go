@@ -44,6 +44,7 @@ type options struct {
 	logLevel    string
 	check       bool
 	watch       bool
+	pprof       bool
 }
 
 func main() {
@@ -62,6 +63,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.StringVar(&o.logLevel, "log-level", "", "trace|debug|info|warn|error (env RATEGATE_LOG_LEVEL; default info)")
 	fs.BoolVar(&o.check, "check", false, "validate the config, print the effective rules, exit 0 (valid) or 2 (invalid)")
 	fs.BoolVar(&o.watch, "watch", false, "reload the config file whenever its content changes (env RATEGATE_WATCH=1)")
+	fs.BoolVar(&o.pprof, "pprof", false, "serve Go profiles on the admin listener under /debug/pprof/ (env RATEGATE_PPROF=1)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -78,13 +80,18 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fill(&o.adminListen, "RATEGATE_ADMIN_LISTEN")
 	fill(&o.redisURL, "RATEGATE_REDIS_URL")
 	fill(&o.logLevel, "RATEGATE_LOG_LEVEL")
-	if !o.watch {
-		switch strings.ToLower(getenv("RATEGATE_WATCH")) {
-		case "1", "true", "yes", "on":
-			o.watch = true
-		}
-	}
+	o.watch = o.watch || envTrue(getenv("RATEGATE_WATCH"))
+	o.pprof = o.pprof || envTrue(getenv("RATEGATE_PPROF"))
 	return o, nil
+}
+
+// envTrue reports whether an environment switch is on.
+func envTrue(v string) bool {
+	switch strings.ToLower(v) {
+	case "1", "true", "yes", "on":
+		return true
+	}
+	return false
 }
 
 // firstSet returns the first non-empty value: flag/env, then file, then default.
@@ -223,6 +230,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	adminSrv := &fasthttp.Server{
 		Handler: admin.NewServer(admin.ServerOptions{
 			Token: cfg.Admin.Token, Rules: rules, Limiter: limiter, Store: store, Metrics: m, Top: top, Log: log,
+			Pprof: o.pprof,
 		}).Serve,
 		Name:                  "rategate-admin",
 		ReadTimeout:           10 * time.Second,

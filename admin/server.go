@@ -39,6 +39,7 @@ type Server struct {
 	top     *Top
 	log     zerolog.Logger
 	timeout time.Duration
+	pprof   bool
 
 	bufs sync.Pool // of *[]byte, for /metrics
 }
@@ -57,6 +58,9 @@ type ServerOptions struct {
 	Log     zerolog.Logger
 	// Timeout bounds each store call (DefaultTimeout).
 	Timeout time.Duration
+	// Pprof serves Go's profiles under /debug/pprof/ (off by default: a
+	// CPU profile costs the service while it runs).
+	Pprof bool
 }
 
 // NewServer returns the admin API handler.
@@ -70,6 +74,7 @@ func NewServer(opts ServerOptions) *Server {
 		top:     opts.Top,
 		log:     opts.Log,
 		timeout: opts.Timeout,
+		pprof:   opts.Pprof,
 	}
 	if s.auth {
 		s.token = sha256.Sum256([]byte("Bearer " + opts.Token))
@@ -129,6 +134,8 @@ func (s *Server) Serve(ctx *fasthttp.RequestCtx) {
 		if allow(ctx, method, "POST") {
 			s.reload(ctx)
 		}
+	case strings.HasPrefix(path, "/debug/pprof"):
+		s.servePprof(ctx, path)
 	case path == "/" || path == "/v1":
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString(index)
@@ -146,6 +153,7 @@ GET    /v1/keys/{rule}?ip=&user=&...    one identity's state, without consuming
 DELETE /v1/keys/{rule}?ip=&user=&...    reset it
 GET    /v1/top?rule=&minutes=&n=        identities denied most in the last minutes
 POST   /v1/reload                       re-read the config file
+GET    /debug/pprof/                    Go profiles (only with -pprof)
 `
 
 // allow answers 405 unless method is one of methods.

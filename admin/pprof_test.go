@@ -1,0 +1,44 @@
+package admin
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits"
+)
+
+// TestPprof: the profiles are served only when asked for, and behind the
+// admin token like every other admin path.
+func TestPprof(t *testing.T) {
+	cfg := config.Example()
+	store := limits.NewMemoryStore()
+	t.Cleanup(func() { store.Close() })
+	l := limits.NewLimiter(store, "rg", cfg.Rules)
+	mgr := NewManager(ManagerOptions{Config: cfg, Limiter: l, Overrides: NewMemoryOverrides(), Log: zerolog.Nop()})
+
+	off := serveOn(t, NewServer(ServerOptions{Rules: mgr, Limiter: l, Log: zerolog.Nop()}).Serve)
+	code, body := call(t, off, "GET", "/debug/pprof/heap", "")
+	if code != 404 || !strings.Contains(body, "-pprof") {
+		t.Fatalf("pprof off: %d %s, want 404 naming -pprof", code, body)
+	}
+
+	on := serveOn(t, NewServer(ServerOptions{Rules: mgr, Limiter: l, Log: zerolog.Nop(), Pprof: true, Token: "tok"}).Serve)
+	if code, _ := call(t, on, "GET", "/debug/pprof/heap", ""); code != 401 {
+		t.Fatalf("pprof without token: %d, want 401", code)
+	}
+	code, body = call(t, on, "GET", "/debug/pprof/", "", "Authorization", "Bearer tok")
+	if code != 200 || !strings.Contains(body, "goroutine") {
+		t.Fatalf("pprof index: %d %.200s", code, body)
+	}
+	code, body = call(t, on, "GET", "/debug/pprof/goroutine?debug=1", "", "Authorization", "Bearer tok")
+	if code != 200 || !strings.Contains(body, "goroutine profile:") {
+		t.Fatalf("goroutine profile: %d %.200s", code, body)
+	}
+	code, body = call(t, on, "GET", "/debug/pprof/profile?seconds=1", "", "Authorization", "Bearer tok")
+	if code != 200 || len(body) < 50 {
+		t.Fatalf("cpu profile: %d, %d bytes", code, len(body))
+	}
+}

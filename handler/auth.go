@@ -241,7 +241,6 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	if d.Denier < 0 || d.Denier >= len(d.Verdicts) {
 		// A store that denies without naming a rule: still a denial.
 		s.buf = buf
-		ctx.SetBodyString("rate limited\n")
 		return
 	}
 	v := &d.Verdicts[d.Denier]
@@ -249,24 +248,26 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	buf = appendHeaderSafe(buf[:0], name)
 	resp.SetCanonical(hdrRule, buf)
 
-	buf = append(buf[:0], "rate limited by rule "...)
-	buf = appendSFString(buf, name)
+	// A denial has no body: NGINX reuses its keep-alive connection to
+	// rategate only after a response whose body it did not have to read
+	// (auth_request never reads one), and under attack denials are most
+	// answers. Retry-After and X-RateLimit-Rule carry everything. The one
+	// exception is a cost that can never fit: a configuration problem
+	// worth a sentence, and rare.
 	if v.Result.RetryUS == limits.NeverFits {
+		buf = append(buf[:0], "rate limited by rule "...)
+		buf = appendSFString(buf, name)
 		buf = append(buf, "; request cost "...)
 		buf = strconv.AppendInt(buf, v.Cost, 10)
 		buf = append(buf, " can never fit (burst "...)
 		buf = strconv.AppendInt(buf, v.Rule.Burst, 10)
 		buf = append(buf, ")\n"...)
+		ctx.SetBody(buf)
 	} else {
 		retry := max(usToSeconds(v.Result.RetryUS), 1)
-		n := len(buf)
-		buf = strconv.AppendInt(buf, retry, 10)
-		resp.SetCanonical(hdrRetryAfter, buf[n:])
-		buf = append(buf[:n], "; retry in "...)
-		buf = strconv.AppendInt(buf, retry, 10)
-		buf = append(buf, "s\n"...)
+		buf = strconv.AppendInt(buf[:0], retry, 10)
+		resp.SetCanonical(hdrRetryAfter, buf)
 	}
-	ctx.SetBody(buf)
 	s.buf = buf
 
 	h.denyLog.Info().

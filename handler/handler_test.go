@@ -35,7 +35,7 @@ func TestAllowedThenLimited(t *testing.T) {
 	}
 
 	r := ts.auth(t, std("203.0.113.9")...)
-	equal(t, reply{status: 429, body: "rate limited by rule \"login-per-ip\"; retry in 42s\n", headers: map[string]string{
+	equal(t, reply{status: 429, body: "", headers: map[string]string{
 		"ratelimit-policy":      `"login-per-ip";q=2;w=60`,
 		"ratelimit":             `"login-per-ip";r=0;t=42`,
 		"x-ratelimit-limit":     "2",
@@ -116,7 +116,7 @@ func TestMultiRuleHeaders(t *testing.T) {
 	equal(t, "per-user", r.headers["x-ratelimit-rule"])
 	equal(t, "3582", r.headers["retry-after"])
 	equal(t, `"per-ip";r=4;t=42, "per-user";r=0;t=3582`, r.headers["ratelimit"])
-	equal(t, "rate limited by rule \"per-user\"; retry in 3582s\n", r.body)
+	equal(t, "", r.body)
 }
 
 func TestTiesPickTheFirstRule(t *testing.T) {
@@ -528,7 +528,7 @@ func TestCannedDecisions(t *testing.T) {
 	}{
 		{"sub-second retry rounds up to 1; period rounds up", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{Remaining: -3, ResetUS: 1, RetryUS: 1}},
-		}}, reply{status: 429, body: "rate limited by rule \"we\\\"ird\\\\\"; retry in 1s\n", headers: map[string]string{
+		}}, reply{status: 429, body: "", headers: map[string]string{
 			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
 			"ratelimit":             `"we\"ird\\";r=0;t=1`,
 			"x-ratelimit-limit":     "7",
@@ -539,7 +539,7 @@ func TestCannedDecisions(t *testing.T) {
 		}}},
 		{"zero retry still says 1", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{RetryUS: 0}},
-		}}, reply{status: 429, body: "rate limited by rule \"we\\\"ird\\\\\"; retry in 1s\n", headers: map[string]string{
+		}}, reply{status: 429, body: "", headers: map[string]string{
 			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
 			"ratelimit":             `"we\"ird\\";r=0;t=0`,
 			"x-ratelimit-limit":     "7",
@@ -548,7 +548,7 @@ func TestCannedDecisions(t *testing.T) {
 			"retry-after":           "1",
 			"x-ratelimit-rule":      `we"ird\`,
 		}}},
-		{"denied without a denier", canned{Admitted: false, Denier: -1}, reply{status: 429, body: "rate limited\n", headers: map[string]string{}}},
+		{"denied without a denier", canned{Admitted: false, Denier: -1}, reply{status: 429, body: "", headers: map[string]string{}}},
 		{"reset rounds up", canned{Admitted: true, Denier: -1, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{Allowed: true, Remaining: 6, ResetUS: 41_000_001}},
 		}}, reply{status: 204, headers: map[string]string{

@@ -30,6 +30,22 @@ type Decision struct {
 	// Local is true when the shared store failed and the local fallback
 	// store decided instead (failure_mode: local).
 	Local bool
+	// Cached is true when the deny cache answered without asking the store:
+	// the store had denied this identity under a rule until a time not yet
+	// reached, for a cost no larger than this request's. The request is
+	// denied, and Verdicts holds only that rule's verdict (Denier 0), as the
+	// store last reported it and aged to now:
+	//
+	//	RetryUS   the time left until the cached denial ends (NeverFits when
+	//	          this cost can never fit the rule: above its burst, or its
+	//	          limit for the window algorithms)
+	//	ResetUS   the store's reset, minus the time since, never negative
+	//	Remaining the store's remaining quota at that denial
+	//
+	// The other matching rules were not evaluated and consumed nothing, as
+	// for any denied request. The rule is the first in rule order with a
+	// cached denial, not necessarily the one whose quota returns last.
+	Cached bool
 
 	keyBuf []byte
 	ident  []byte
@@ -49,6 +65,9 @@ type Limiter struct {
 	// burst divided by share (failure_mode: local).
 	fallback Store
 	share    int64
+
+	// deny, when set, answers repeated denials locally (SetDenyCache).
+	deny *DenyCache
 }
 
 // SetFallback makes the limiter decide with local (normally a MemoryStore)
@@ -60,6 +79,23 @@ func (l *Limiter) SetFallback(local Store, share int) {
 	l.share = int64(max(share, 1))
 }
 
+// SetDenyCache makes the limiter answer requests of an identity the store
+// denied from c until the store's retry time, without asking the store
+// (see denycache.go for why that is exact). nil turns it off. Call it before
+// the limiter is used. It refuses a Redis Cluster store, where the answer
+// would not be exact (ErrDenyCacheCluster), and then leaves the cache off.
+func (l *Limiter) SetDenyCache(c *DenyCache) error {
+	if c != nil && usesRefunds(l.store) {
+		l.deny = nil
+		return ErrDenyCacheCluster
+	}
+	l.deny = c
+	return nil
+}
+
+// DenyCache returns the limiter's deny cache, or nil when it has none.
+func (l *Limiter) DenyCache() *DenyCache { return l.deny }
+
 // NewLimiter returns a limiter over store with the given key prefix and rules.
 func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
 	l := &Limiter{store: store, prefix: prefix}
@@ -68,7 +104,13 @@ func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
 }
 
 // SetRules replaces the rule set. The slice must not be modified afterwards.
-func (l *Limiter) SetRules(rules []*Rule) { l.rules.Store(&rules) }
+// Cached denials were computed under the old rules, so they are dropped.
+func (l *Limiter) SetRules(rules []*Rule) {
+	l.rules.Store(&rules)
+	if l.deny != nil {
+		l.deny.Clear() // after the store: see decide
+	}
+}
 
 // Rules returns the current rule set. Callers must not modify it.
 func (l *Limiter) Rules() []*Rule { return *l.rules.Load() }
@@ -91,13 +133,30 @@ func (l *Limiter) DecideAt(ctx context.Context, req *Request, d *Decision, nowUS
 }
 
 func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS int64) error {
+	dc := l.deny
+	var gen uint64
+	if dc != nil {
+		// Read before the rules: SetRules stores the rules, then Clear bumps
+		// the generation, so a decision that saw the old rules carries an
+		// old generation and cannot cache what they decided.
+		gen = dc.gen.Load()
+	}
 	rules := *l.rules.Load()
 	d.Admitted = true
 	d.Denier = -1
 	d.Local = false
+	d.Cached = false
 	d.Verdicts = d.Verdicts[:0]
 	d.batch.Checks = d.batch.Checks[:0]
 	d.batch.NowUS = nowUS
+	var clock int64
+	probe := false
+	if dc != nil {
+		// Read before the store call: the store decides after this, so
+		// clock + RetryUS is never later than the store's retry time.
+		clock = dc.clock(nowUS)
+		probe = dc.entries.Load() > 0
+	}
 	for _, r := range rules {
 		if !r.Matches(req) {
 			continue
@@ -111,6 +170,15 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		cost := r.Cost
 		if req.Cost > 0 {
 			cost = req.Cost
+		}
+		if probe && !r.Shadow {
+			if e, ok := dc.lookup(d.keyBuf, r, cost, clock); ok {
+				d.Verdicts = append(d.Verdicts[:0], e.verdict(r, cost, clock))
+				d.Admitted = false
+				d.Denier = 0
+				d.Cached = true
+				return nil
+			}
 		}
 		key := string(d.keyBuf)
 		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
@@ -146,6 +214,10 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		if !admitted && !v.Result.Allowed && !v.Rule.Shadow {
 			if d.Denier < 0 || retryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS) {
 				d.Denier = i
+			}
+			// Only the shared store's word is cached, never the fallback's.
+			if dc != nil && !d.Local {
+				dc.put(gen, v, clock, nowUS != 0)
 			}
 		}
 	}

@@ -1,0 +1,378 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The deny cache: once the store has denied an identity under a rule until
+// time T, later requests of that identity are denied locally until T,
+// without a store round trip. It matters under attack or abuse, when most
+// requests of a few identities are denied: each denial would otherwise cost
+// Redis one script run.
+//
+// Why a cached denial is exact (never denies what the store would admit).
+//
+// An entry says: the store, evaluating rule r for key k at some time t0 with
+// cost c, denied and answered RetryUS. The entry denies a later request of
+// the same rule and key with a cost >= c while now < until, where until is
+// taken on this process's clock read BEFORE the store call (tsend <= t0), so
+// until = tsend + RetryUS <= t0 + RetryUS. It is exact because of these facts:
+//
+//  1. RetryUS is the exact earliest time the same request fits if nothing else
+//     changes the key. Checked for each algorithm's Go twin (the Lua scripts
+//     compute the same numbers; the conformance and model tests compare them),
+//     and checked again at the retry point itself by the random-timeline test
+//     in denycache_test.go, on the memory store and on a real Redis:
+//     - fixed_window: retry = the end of the window; before it the count
+//       only grows, at it the window is empty and c <= L fits.
+//     - sliding_log: retry = t_k + P - now for the oldest entry t_k at which
+//       the freed costs first cover the excess. Entries leave at t + P, so
+//       before t_k + P less than the excess has left (ties leave together).
+//     - sliding_window: retry is found by binary search over the script's own
+//       float verdict, which is monotone in elapsed (prev's weight only
+//       decays, and correctly rounded operations preserve the order): in
+//       this window, then in the next (curr becomes prev), then the empty one
+//       after. It is the first admitting microsecond, not an estimate of it.
+//     - gcra: retry = ceil(tat + c*T - now - tau), exact in q + r/L µs
+//       arithmetic; before it tat + c*T - now' > tau still.
+//     - token_bucket: retry = ceil(n*T - rho), n the missing tokens and rho
+//       the refill already earned towards the next one, in the same exact
+//       arithmetic. The sub-µs part of rho that an admission drops only makes
+//       the bucket stricter, never looser.
+//  2. A larger cost never fits earlier: every verdict is "used + c <= limit"
+//     for a used that does not depend on c. A smaller cost may fit earlier,
+//     so it is asked of the store.
+//  3. A denial consumes nothing, and other requests (on any instance) only
+//     consume more: every algorithm's verdict is monotone in what was
+//     consumed, so consumption can only move the true retry later.
+//  4. A non-shadow rule that denies denies the whole request, whatever the
+//     other rules say; so one rule's entry is enough to deny.
+//
+// What can make the store admit earlier, and how each is handled:
+//
+//   - A rule change (override, reload): SetRules clears the cache. A
+//     decision in flight under the old rules must not insert after the clear:
+//     decide reads the generation before the rules, Clear bumps it before
+//     emptying the shards, and put rejects a stale generation under the
+//     shard lock.
+//   - gcra tolerance shrinking: the admin Manager caps stored TATs after the
+//     swap (ClampGCRA), which makes the state looser; it clears the cache
+//     again once the clamp is done.
+//   - A key reset through the admin API: Forget(key) after the store's DEL
+//     (also bumping the generation, so a decision the store evaluated before
+//     the DEL cannot insert afterwards), and the reset is announced to the
+//     other instances (ResetAnnouncer; admin.RedisResets over pub/sub), which
+//     forget it too. An instance whose subscription was interrupted clears
+//     its whole cache when it is back, since it may have missed a reset.
+//   - Redis Cluster refunds (cluster.go): a request denied in one slot is
+//     refunded in the slots that admitted it, one round trip later. A refund
+//     only gives back what that request took, so it never makes the state
+//     looser than without the request; but a denial another request saw in
+//     between was computed with that quota still held, and its RetryUS is
+//     then later than the truth after the refund. Uncached that strictness
+//     lasts a round trip; cached it would last until RetryUS. So the cache
+//     is refused on a cluster store (SetDenyCache returns ErrDenyCacheCluster).
+//   - Clocks: the store's clock is Redis TIME and the cache's is this
+//     process's monotonic clock. Their rates differ by the two hosts'
+//     frequency errors (a few ppm, up to 500 ppm while NTP slews), so a
+//     cached retry is shortened by 1/1024 of itself (~977 ppm). A step of
+//     Redis's clock is not covered. Tests that drive the store's clock
+//     (DecideAt) use that clock for the cache and need no margin.
+//
+// Not covered, by nature: state the store loses on its own (FLUSHALL, DEL
+// by hand, eviction under maxmemory, a failover to a replica that had not
+// received the last writes). The cache then keeps enforcing what the store
+// said before losing it, until RetryUS at most.
+//
+// Exactness is judged at the moment the request is decided: a request the
+// cache denies at t would have been denied by the store evaluating it at t.
+// (A real round trip evaluates it a little later, which can only help it.)
+
+// ErrDenyCacheCluster is SetDenyCache's answer for a Redis Cluster store,
+// where a cached denial would not be exact (see the file comment).
+var ErrDenyCacheCluster = errors.New("deny cache not used on Redis Cluster: cross-slot refunds can make a denial's retry time later than the truth, so a cached denial would not be exact")
+
+// driftShift shortens a cached retry by retry>>driftShift (1/1024, ~977 ppm)
+// to absorb a rate difference between Redis's clock and ours.
+const driftShift = 10
+
+// maxDenyShards is the most shards a DenyCache splits into.
+const maxDenyShards = 64
+
+// DenyCache remembers recent store denials so that an identity denied until
+// T is answered locally until T. It is safe for concurrent use. Memory is
+// bounded: at most maxEntries entries, each holding a key string the
+// limiter built anyway.
+type DenyCache struct {
+	seed     maphash.Seed
+	shards   []denyShard
+	mask     uint64
+	perShard int
+	start    time.Time
+
+	// gen is bumped by Clear and Forget; an insert computed under an older
+	// generation is refused.
+	gen      atomic.Uint64
+	entries  atomic.Int64
+	evicted  atomic.Uint64
+	announce atomic.Pointer[announcerRef]
+}
+
+type denyShard struct {
+	mu sync.Mutex
+	m  map[string]denyEntry
+	// minUntil is at most the earliest until in m: no entry can have
+	// expired before it, so a full shard is only swept when it can help.
+	minUntil int64
+	_        [32]byte // keep neighbouring shards' locks off one cache line
+}
+
+// denyEntry is one cached denial.
+type denyEntry struct {
+	rule *Rule
+	// key is the map key, kept to serve as the Verdict's Key on a hit.
+	key  string
+	cost int64
+	// untilUS is the cache-clock time the denial holds until (exclusive);
+	// math.MaxInt64 for a cost that never fits, until the rules change.
+	untilUS int64
+	// resetAtUS is when the store said the quota would be fully back.
+	resetAtUS int64
+	remaining int64
+}
+
+// ResetAnnouncer tells the other rategate instances that a key was reset, so
+// that they forget their cached denial of it. admin.RedisResets is one.
+type ResetAnnouncer interface {
+	AnnounceReset(ctx context.Context, key string) error
+}
+
+type announcerRef struct{ a ResetAnnouncer }
+
+// NewDenyCache returns an empty cache holding at most maxEntries denials
+// (at least 1).
+func NewDenyCache(maxEntries int) *DenyCache {
+	maxEntries = max(maxEntries, 1)
+	// A power of two no larger than maxEntries, so that perShard*shards
+	// never exceeds maxEntries.
+	n := min(maxDenyShards, 1<<(bits.Len(uint(maxEntries))-1))
+	c := &DenyCache{
+		seed:     maphash.MakeSeed(),
+		shards:   make([]denyShard, n),
+		mask:     uint64(n - 1),
+		perShard: maxEntries / n,
+		start:    time.Now(),
+	}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]denyEntry)
+		c.shards[i].minUntil = math.MaxInt64
+	}
+	return c
+}
+
+// Len returns the number of cached denials, expired ones not yet dropped included.
+func (c *DenyCache) Len() int { return int(c.entries.Load()) }
+
+// Evictions returns how many unexpired entries were dropped to make room.
+func (c *DenyCache) Evictions() uint64 { return c.evicted.Load() }
+
+// Clear forgets every cached denial, and makes decisions already in flight
+// unable to add theirs.
+func (c *DenyCache) Clear() {
+	c.gen.Add(1) // first, so a concurrent put either sees it or is emptied below
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		c.entries.Add(-int64(len(sh.m)))
+		clear(sh.m)
+		sh.minUntil = math.MaxInt64
+		sh.mu.Unlock()
+	}
+}
+
+// Forget drops the cached denial of one store key, and makes decisions in
+// flight unable to add one computed before now. Call it after the key was
+// reset in the store.
+func (c *DenyCache) Forget(key string) {
+	c.gen.Add(1)
+	sh := c.shard(maphash.String(c.seed, key))
+	sh.mu.Lock()
+	if _, ok := sh.m[key]; ok {
+		delete(sh.m, key)
+		c.entries.Add(-1)
+	}
+	sh.mu.Unlock()
+}
+
+// SetAnnouncer makes KeyReset tell the other instances through a.
+func (c *DenyCache) SetAnnouncer(a ResetAnnouncer) {
+	c.announce.Store(&announcerRef{a})
+}
+
+// KeyReset is called once a key was reset in the store: it forgets the key
+// here and, with an announcer, on every other instance. The error is the
+// announcement's; the local part cannot fail.
+func (c *DenyCache) KeyReset(ctx context.Context, key string) error {
+	c.Forget(key)
+	if p := c.announce.Load(); p != nil && p.a != nil {
+		return p.a.AnnounceReset(ctx, key)
+	}
+	return nil
+}
+
+func (c *DenyCache) shard(h uint64) *denyShard { return &c.shards[h&c.mask] }
+
+// clock returns the cache's time in µs: nowUS when a test drives the store's
+// clock, otherwise this process's monotonic clock.
+func (c *DenyCache) clock(nowUS int64) int64 {
+	if nowUS != 0 {
+		return nowUS
+	}
+	return int64(time.Since(c.start) / time.Microsecond)
+}
+
+// lookup returns the entry that denies a request of rule r with the given
+// cost on key at now. It does not allocate.
+func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, bool) {
+	sh := c.shard(maphash.Bytes(c.seed, key))
+	sh.mu.Lock()
+	e, ok := sh.m[string(key)]
+	if ok && now >= e.untilUS {
+		delete(sh.m, e.key)
+		c.entries.Add(-1)
+		ok = false
+	}
+	sh.mu.Unlock()
+	// A smaller cost may fit before until: the store decides it.
+	if !ok || e.rule != r || e.cost > cost {
+		return denyEntry{}, false
+	}
+	return e, true
+}
+
+// put caches v, a non-shadow denial the store answered for a request whose
+// decision read generation gen and the cache clock now (before the store
+// call). exactClock says the cache clock is the store's own (tests).
+func (c *DenyCache) put(gen uint64, v *Verdict, now int64, exactClock bool) {
+	var until int64
+	switch retry := v.Result.RetryUS; {
+	case retry == NeverFits:
+		until = math.MaxInt64
+	case retry > 0:
+		if !exactClock {
+			retry -= retry >> driftShift
+		}
+		if retry > math.MaxInt64-now {
+			until = math.MaxInt64
+		} else {
+			until = now + retry
+		}
+	default:
+		return
+	}
+	e := denyEntry{
+		rule:      v.Rule,
+		key:       v.Key,
+		cost:      v.Cost,
+		untilUS:   until,
+		resetAtUS: now + max(v.Result.ResetUS, 0),
+		remaining: v.Result.Remaining,
+	}
+	sh := c.shard(maphash.String(c.seed, v.Key))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if c.gen.Load() != gen {
+		// A rule change or a reset happened since this decision started:
+		// the denial may describe state that no longer exists.
+		return
+	}
+	if old, ok := sh.m[v.Key]; ok {
+		// Keep the old entry only when it denies everything the new one
+		// would (no larger cost, no earlier end); otherwise the newer word wins.
+		if !(old.rule == e.rule && now < old.untilUS && old.cost <= e.cost && old.untilUS >= e.untilUS) {
+			sh.m[v.Key] = e
+			sh.minUntil = min(sh.minUntil, until)
+		}
+		return
+	}
+	if len(sh.m) >= c.perShard {
+		c.sweepLocked(sh, now)
+		if len(sh.m) >= c.perShard {
+			// Still full of live denials: drop one at random (map order) so
+			// that fresh denials, the ones being hammered, get in.
+			for k := range sh.m {
+				delete(sh.m, k)
+				c.entries.Add(-1)
+				c.evicted.Add(1)
+				break
+			}
+		}
+	}
+	sh.m[v.Key] = e
+	c.entries.Add(1)
+	sh.minUntil = min(sh.minUntil, until)
+}
+
+// sweepLocked drops the shard's expired entries, when some may have expired.
+func (c *DenyCache) sweepLocked(sh *denyShard, now int64) {
+	if now < sh.minUntil {
+		return
+	}
+	next := int64(math.MaxInt64)
+	for k, e := range sh.m {
+		if now >= e.untilUS {
+			delete(sh.m, k)
+			c.entries.Add(-1)
+		} else {
+			next = min(next, e.untilUS)
+		}
+	}
+	sh.minUntil = next
+}
+
+// verdict is the Verdict of a request denied by e at now. A request whose
+// own cost can never fit says so (no Retry-After), as the store would, even
+// when the entry that denies it was cached for a smaller cost.
+func (e *denyEntry) verdict(r *Rule, cost, now int64) Verdict {
+	retry := NeverFits
+	if e.untilUS != math.MaxInt64 && !costNeverFits(r, cost) {
+		retry = e.untilUS - now
+	}
+	return Verdict{Rule: r, Key: e.key, Cost: cost, Result: Result{
+		Remaining: e.remaining,
+		ResetUS:   max(e.resetAtUS-now, 0),
+		RetryUS:   retry,
+	}}
+}
+
+// costNeverFits reports whether cost exceeds what rule r can ever admit at
+// once: the burst of gcra and token_bucket, the limit of the windows.
+func costNeverFits(r *Rule, cost int64) bool {
+	if r.Algorithm.UsesBurst() {
+		return cost > r.Burst
+	}
+	return cost > r.Limit
+}
+
+// usesRefunds reports whether s is (or wraps) a Redis Cluster store, whose
+// cross-slot refunds make cached denials inexact.
+func usesRefunds(s Store) bool {
+	for i := 0; s != nil && i < 8; i++ {
+		if rs, ok := s.(*RedisStore); ok {
+			return rs.Topology() == Cluster
+		}
+		u, ok := s.(interface{ Unwrap() Store })
+		if !ok {
+			return false
+		}
+		s = u.Unwrap()
+	}
+	return false
+}

@@ -14,7 +14,8 @@ local function fixed_window(key, now, limit, period, burst, cost)
   local w = math.floor(now / period)
   local count = 0
   local st = redis.call('HMGET', key, 'w', 'n')
-  if st[1] and tonumber(st[1]) == w then
+  local same = st[1] and tonumber(st[1]) == w
+  if same then
     count = tonumber(st[2]) or 0
   end
   local reset = (w + 1) * period - now
@@ -29,6 +30,11 @@ local function fixed_window(key, now, limit, period, burst, cost)
     return 1, limit, 0, 0, nil
   end
   return 1, limit - count, reset, 0, function()
+    if same then
+      -- The window's first commit already set the expiry to its end.
+      redis.call('HSET', key, 'n', string.format('%d', count))
+      return
+    end
     redis.call('HSET', key, 'w', string.format('%d', w), 'n', string.format('%d', count))
     redis.call('PEXPIRE', key, math.ceil(reset / 1000))
   end

@@ -103,6 +103,11 @@ local function sliding_window(key, now, limit, period, burst, cost)
     return 1, remaining, reset, 0, nil
   end
   return 1, remaining, reset, 0, function()
+    if sw == w then
+      -- The window's first commit already set the expiry to (w+2)*P.
+      redis.call('HSET', key, 'c', sw_int(curr))
+      return
+    end
     redis.call('HSET', key, 'w', sw_int(w), 'c', sw_int(curr), 'p', sw_int(prev))
     redis.call('PEXPIRE', key, sw_int(math.ceil(((w + 2) * period - now) / 1000)))
   end

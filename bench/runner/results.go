@@ -81,6 +81,9 @@ type sample struct {
 	RedisCalls        map[string]int64 `json:"redis_calls"`
 	RedisPerRequest   float64          `json:"redis_commands_per_request"`
 	EvalshaPerRequest float64          `json:"evalsha_per_request"`
+	// RedisReadsPerRequest is Redis's network reads per request: below
+	// the EVALSHAs per request when decisions share pipelines.
+	RedisReadsPerRequest float64 `json:"redis_reads_per_request"`
 	// Undecided is how many requests rategate answered by failure_mode
 	// during the run (Redis slower than redis.timeout, or the breaker open).
 	Undecided int64 `json:"undecided,omitempty"`
@@ -156,7 +159,9 @@ type summary struct {
 	USPerRequest      map[string]float64 `json:"cpu_us_per_request"`
 	RedisPerRequest   float64            `json:"redis_commands_per_request"`
 	EvalshaPerRequest float64            `json:"evalsha_per_request"`
-	Non2xxShare       float64            `json:"non_2xx_share"`
+	// RedisReadsPerRequest: Redis's network reads per request.
+	RedisReadsPerRequest float64 `json:"redis_reads_per_request"`
+	Non2xxShare          float64 `json:"non_2xx_share"`
 	// AuthConnsPer1000 and AppConnsPer1000 are the connections the auth
 	// service and the app accepted per 1000 requests; -1 when not measured.
 	AuthConnsPer1000 float64 `json:"auth_conns_per_1000_requests"`
@@ -201,13 +206,14 @@ func summarize(ss []sample) summary {
 		return cpu * 1e6 / float64(s.Requests)
 	}
 	m := summary{
-		RPS:               col(func(s *sample) float64 { return s.RPS }),
-		P50MS:             col(func(s *sample) float64 { return s.P50MS }),
-		P99MS:             col(func(s *sample) float64 { return s.P99MS }),
-		StackUSPerRequest: col(func(s *sample) float64 { return perReq(s, s.stackCPU()) }),
-		USPerRequest:      map[string]float64{},
-		RedisPerRequest:   col(func(s *sample) float64 { return s.RedisPerRequest }),
-		EvalshaPerRequest: col(func(s *sample) float64 { return s.EvalshaPerRequest }),
+		RPS:                  col(func(s *sample) float64 { return s.RPS }),
+		P50MS:                col(func(s *sample) float64 { return s.P50MS }),
+		P99MS:                col(func(s *sample) float64 { return s.P99MS }),
+		StackUSPerRequest:    col(func(s *sample) float64 { return perReq(s, s.stackCPU()) }),
+		USPerRequest:         map[string]float64{},
+		RedisPerRequest:      col(func(s *sample) float64 { return s.RedisPerRequest }),
+		EvalshaPerRequest:    col(func(s *sample) float64 { return s.EvalshaPerRequest }),
+		RedisReadsPerRequest: col(func(s *sample) float64 { return s.RedisReadsPerRequest }),
 		Non2xxShare: col(func(s *sample) float64 {
 			if s.Requests == 0 {
 				return 0
@@ -386,7 +392,7 @@ func (res *results) text() string {
 	fmt.Fprintf(&b, "summary (medians of %d rounds; ratio = median of each rategate run ÷ the floor run before it; cores = CPU seconds per second, in the rategate runs)\n", res.Settings.Rounds)
 	fmt.Fprintf(&b, "%-15s %8s %8s %6s %5s %6s %13s %13s %9s %9s   %-43s %11s %6s %s %s\n",
 		"scenario", "floor/s", "rg/s", "ratio", "cost", "target", "p50 fl→rg ms", "p99 fl→rg ms", "µs/req fl", "µs/req rg",
-		"cores: nginx rategate redis app load other", "redis rt·cmd", "non2xx", "auth conns/1k fl→rg", "undecided")
+		"cores: nginx rategate redis app load other", "redis read·eval·cmd", "non2xx", "auth conns/1k fl→rg", "undecided")
 	for _, r := range res.Scenarios {
 		f, g := r.FloorMedian, r.RategateMedian
 		if r.Noisy {
@@ -397,10 +403,10 @@ func (res *results) text() string {
 			tgt = fmt.Sprintf("%.2f", r.Target)
 		}
 		c := g.Cores
-		fmt.Fprintf(&b, "%-15s %8.0f %8.0f %6.2f %5.2f %6s %6.2f→%-6.2f %6.2f→%-6.2f %9.1f %9.1f   %-43s %5.2f·%-5.2f %5.1f%% %6.1f→%-6.1f %d\n",
+		fmt.Fprintf(&b, "%-15s %8.0f %8.0f %6.2f %5.2f %6s %6.2f→%-6.2f %6.2f→%-6.2f %9.1f %9.1f   %-43s %5.2f·%4.2f·%-5.2f %5.1f%% %6.1f→%-6.1f %d\n",
 			r.Name, f.RPS, g.RPS, r.Ratio, r.CostRatio, tgt, f.P50MS, g.P50MS, f.P99MS, g.P99MS, f.StackUSPerRequest, g.StackUSPerRequest,
 			fmt.Sprintf("%.2f %.2f %.2f %.2f %.2f %.2f", c["nginx"], c["auth"], c["redis"], c["app"], c["load"], c["other"]),
-			g.EvalshaPerRequest, g.RedisPerRequest, 100*g.Non2xxShare, f.AuthConnsPer1000, g.AuthConnsPer1000, g.Undecided)
+			g.RedisReadsPerRequest, g.EvalshaPerRequest, g.RedisPerRequest, 100*g.Non2xxShare, f.AuthConnsPer1000, g.AuthConnsPer1000, g.Undecided)
 	}
 	b.WriteString("* noisy: the round ratios spread by more than 0.2, or failure_mode answered some requests\n")
 	for _, r := range res.Scenarios {
@@ -490,7 +496,7 @@ func (res *results) markdown() string {
 		res.Started.Format("2006-01-02"), s.Duration, s.Rounds, s.Threads, s.Connections, s.Users, res.Machine.Revision,
 		res.Machine.CPUs, res.Machine.Model, res.LoadBefore[0], res.LoadAfter[0], res.otherCPU())
 	b.WriteString("| scenario | floor req/s | rategate req/s | rategate ÷ floor (range; target) | CPU cost ratio | p50 ms floor → rategate | p99 ms floor → rategate | " +
-		"CPU µs per request, stack: floor → rategate | cores in the rategate runs: nginx · rategate · redis · app · wrk · rest | Redis round trips · commands per request | non-2xx |\n")
+		"CPU µs per request, stack: floor → rategate | cores in the rategate runs: nginx · rategate · redis · app · wrk · rest | Redis reads · EVALSHAs · commands per request | non-2xx |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
 	var undecided int64
 	noisy := false
@@ -507,9 +513,9 @@ func (res *results) markdown() string {
 			name += " †"
 			noisy = true
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f**%s%s | %.2f | %.2f → %.2f | %.2f → %.2f | %.0f → %.0f | %.2f · %.2f · %.2f · %.2f · %.2f · %.2f | %.2f · %.2f | %.1f%% |\n",
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f**%s%s | %.2f | %.2f → %.2f | %.2f → %.2f | %.0f → %.0f | %.2f · %.2f · %.2f · %.2f · %.2f · %.2f | %.2f · %.2f · %.2f | %.1f%% |\n",
 			name, f.RPS, g.RPS, r.Ratio, strings.TrimSuffix(" ("+r.ratioRange()+")", " ()"), tgt, r.CostRatio, f.P50MS, g.P50MS, f.P99MS, g.P99MS, f.StackUSPerRequest, g.StackUSPerRequest,
-			c["nginx"], c["auth"], c["redis"], c["app"], c["load"], c["other"], g.EvalshaPerRequest, g.RedisPerRequest, 100*g.Non2xxShare)
+			c["nginx"], c["auth"], c["redis"], c["app"], c["load"], c["other"], g.RedisReadsPerRequest, g.EvalshaPerRequest, g.RedisPerRequest, 100*g.Non2xxShare)
 		undecided += g.Undecided
 	}
 	b.WriteString("\nCPU µs per request, and connections the auth service and the app accepted per 1000 requests " +

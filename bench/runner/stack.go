@@ -363,7 +363,7 @@ func (st *stack) measure(ctx context.Context, tg target, round int, limit time.D
 	if err != nil {
 		return sample{}, err
 	}
-	calls0, err := redisCalls(ctx, st.rdb)
+	calls0, reads0, err := redisCalls(ctx, st.rdb)
 	if err != nil {
 		return sample{}, err
 	}
@@ -393,7 +393,7 @@ func (st *stack) measure(ctx context.Context, tg target, round int, limit time.D
 	if err != nil {
 		return sample{}, err
 	}
-	calls1, err := redisCalls(ctx, st.rdb)
+	calls1, reads1, err := redisCalls(ctx, st.rdb)
 	if err != nil {
 		return sample{}, err
 	}
@@ -430,6 +430,8 @@ func (st *stack) measure(ctx context.Context, tg target, round int, limit time.D
 	if s.Requests > 0 {
 		s.RedisPerRequest = float64(total) / float64(s.Requests)
 		s.EvalshaPerRequest = float64(s.RedisCalls["evalsha"]+s.RedisCalls["eval"]) / float64(s.Requests)
+		// The two INFO calls are two of the reads.
+		s.RedisReadsPerRequest = float64(max(reads1-reads0-1, 0)) / float64(s.Requests)
 	}
 	if tg.name == "rategate" {
 		s.Undecided = int64(undecided1 - undecided0)
@@ -503,15 +505,28 @@ func (st *stack) cpuSnapshot() (map[string]float64, error) {
 	return m, nil
 }
 
-// redisCalls reads INFO commandstats: calls per command.
-func redisCalls(ctx context.Context, rdb *redis.Client) (map[string]int64, error) {
+// redisCalls reads INFO commandstats and stats: calls per command, and the
+// read events Redis processed (total_reads_processed: one per network read,
+// however many pipelined commands it carried).
+func redisCalls(ctx context.Context, rdb *redis.Client) (map[string]int64, int64, error) {
 	c, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	text, err := rdb.Info(c, "commandstats").Result()
+	text, err := rdb.Info(c, "commandstats", "stats").Result()
 	if err != nil {
-		return nil, fmt.Errorf("redis INFO commandstats: %w", err)
+		return nil, 0, fmt.Errorf("redis INFO commandstats stats: %w", err)
 	}
-	return parseCommandStats(text), nil
+	return parseCommandStats(text), parseInfoInt(text, "total_reads_processed"), nil
+}
+
+// parseInfoInt returns the integer field name of an INFO text, 0 if absent.
+func parseInfoInt(text, name string) int64 {
+	for line := range strings.Lines(text) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // parseCommandStats turns "cmdstat_evalsha:calls=12,usec=..." lines into

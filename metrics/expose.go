@@ -128,6 +128,25 @@ func (m *Metrics) AppendText(b []byte) []byte {
 		e.sample("rategate_decisions_total", float64(o.shadowLimited.Load()), "rule", OtherRule, "decision", "shadow_limited")
 	}
 
+	e.family("rategate_deny_cache_decisions_total", "counter",
+		"Denials answered from the local deny cache without asking the store, by the rule whose cached denial answered; also counted in rategate_decisions_total as limited.")
+	for _, n := range names {
+		e.sample("rategate_deny_cache_decisions_total", float64(rules[n].denyCached.Load()), "rule", n)
+	}
+	if o := &m.other; o.denyCached.Load() > 0 {
+		e.sample("rategate_deny_cache_decisions_total", float64(o.denyCached.Load()), "rule", OtherRule)
+	}
+	var dcEntries, dcEvicted float64
+	if dc := m.denyCache.Load(); dc != nil {
+		dcEntries, dcEvicted = float64(dc.Len()), float64(dc.Evictions())
+	}
+	e.family("rategate_deny_cache_entries", "gauge",
+		"Store denials held in the local deny cache (0 when the cache is off).")
+	e.sample("rategate_deny_cache_entries", dcEntries)
+	e.family("rategate_deny_cache_evictions_total", "counter",
+		"Unexpired deny cache entries dropped because the cache was full; a steady rate means the cache is too small for the identities being denied.")
+	e.sample("rategate_deny_cache_evictions_total", dcEvicted)
+
 	e.family("rategate_requests_total", "counter",
 		"/auth requests by outcome: allowed, limited, no_match (no rule matched), bad_request (400), unavailable (store failed, answered by failure_mode without a decision).")
 	for o := range numOutcomes {

@@ -66,6 +66,9 @@ type ruleSeries struct {
 	allowed, limited, shadowLimited atomic.Uint64
 	// failure counts this rule's requests answered by each failure mode.
 	failure [numModes]atomic.Uint64
+	// denyCached counts this rule's denials answered from the deny cache
+	// (also counted in limited).
+	denyCached atomic.Uint64
 }
 
 // RuleInfo describes one effective rule for the rule gauges.
@@ -109,6 +112,8 @@ type Metrics struct {
 	redis       atomic.Pointer[RedisInfo]
 
 	gauges atomic.Pointer[[]gaugeFunc] // AddGaugeFunc, copy on write
+
+	denyCache atomic.Pointer[limits.DenyCache] // ObserveDenyCache
 }
 
 // gaugeFunc is a gauge read at scrape time.
@@ -194,6 +199,9 @@ func (m *Metrics) Decided(d *limits.Decision, elapsed time.Duration) {
 			rs.limited.Add(1)
 		}
 	}
+	if d.Cached && d.Denier >= 0 && d.Denier < len(d.Verdicts) {
+		m.rule(d.Verdicts[d.Denier].Rule.Name).denyCached.Add(1)
+	}
 	if d.Local {
 		m.failureMode[modeLocal].Add(1)
 		for i := range d.Verdicts {
@@ -257,6 +265,10 @@ func (m *Metrics) AddGaugeFunc(name, help string, f func() float64) {
 	next = append(next, gaugeFunc{name: name, help: help, f: f})
 	m.gauges.Store(&next)
 }
+
+// ObserveDenyCache exports the size of the limiter's deny cache
+// (rategate_deny_cache_entries) and its evictions. nil exports zeros.
+func (m *Metrics) ObserveDenyCache(c *limits.DenyCache) { m.denyCache.Store(c) }
 
 // OverrideSyncFailed counts a failed read of the overrides from the store.
 func (m *Metrics) OverrideSyncFailed() { m.overrideSyncErrors.Add(1) }

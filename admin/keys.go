@@ -139,7 +139,17 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 	check := r.Check(key, 0)
 	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Key: key, Limit: r.Limit, Period: Duration(r.Period), Burst: r.Burst}
 	if method == "DELETE" {
-		if err := s.store.Reset(c, check); err != nil {
+		err := s.store.Reset(c, check)
+		// Cached denials of the key are stale once it is gone. Forget them
+		// (here and on the other instances) even when the reset failed: it
+		// may have run anyway, and forgetting only costs a store round trip.
+		if dc := s.limiter.DenyCache(); dc != nil {
+			if aerr := dc.KeyReset(c, key); aerr != nil {
+				s.log.Warn().Err(aerr).Str("rule", r.Name).Str("key", key).
+					Msg("cannot announce the key reset: other instances may keep denying this identity from their deny cache until its retry time")
+			}
+		}
+		if err != nil {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "reset "+key+": "+err.Error(), nil)
 			return
 		}

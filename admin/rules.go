@@ -288,6 +288,11 @@ func (m *Manager) clampShrunk(prev, next []*limits.Rule) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			n, err := c.ClampGCRA(ctx, m.limiter.Prefix(), r)
+			// Capped TATs admit earlier than the denials cached before the
+			// clamp (or during it) said: drop them, even after a partial clamp.
+			if dc := m.limiter.DenyCache(); dc != nil {
+				dc.Clear()
+			}
 			if err != nil {
 				m.log.Warn().Err(err).Str("rule", r.Name).Msg("cannot cap the stored gcra state to the rule's new tolerance; affected identities stay limited up to the old tolerance")
 				return

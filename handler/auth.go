@@ -2,7 +2,6 @@ package handler
 
 import (
 	"bytes"
-	"context"
 	"net/netip"
 	"strconv"
 	"time"
@@ -85,9 +84,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		Cost:    cost,
 	}
 
-	c, cancel := context.WithTimeout(context.Background(), h.timeout)
-	err := h.dec.Decide(c, &s.req, &s.dec)
-	cancel()
+	s.ctx.start(h.timeout)
+	err := h.dec.Decide(s.ctx, &s.req, &s.dec)
+	s.ctx.stop()
 	if err != nil {
 		h.storeFailed(ctx, err)
 		if h.obs != nil {

@@ -176,6 +176,7 @@ type scratch struct {
 	ip    []byte
 	host  []byte
 	buf   []byte
+	ctx   *deadlineCtx
 }
 
 // New returns a Handler deciding with d and reporting readiness of store
@@ -199,6 +200,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 			ip:    make([]byte, 0, 64),
 			host:  make([]byte, 0, 64),
 			buf:   make([]byte, 0, 512),
+			ctx:   newDeadlineCtx(),
 		}
 	}
 

@@ -84,9 +84,14 @@ var errCoalescerClosed = errors.New("redis store closed")
 // simply drops the call, and the runner that may still hold it never
 // touches memory the caller reuses.
 type scriptCall struct {
-	ctx  context.Context
-	keys []string
-	args []any
+	ctx context.Context
+	// deadline is ctx's, copied when the call is made: a runner may hold
+	// the call after its caller gave up, when ctx may already serve another
+	// request (the handler reuses its contexts).
+	deadline    time.Time
+	hasDeadline bool
+	keys        []string
+	args        []any
 
 	reply any
 	err   error
@@ -99,6 +104,7 @@ var callPool = sync.Pool{New: func() any { return &scriptCall{done: make(chan st
 func newCall(ctx context.Context) *scriptCall {
 	c := callPool.Get().(*scriptCall)
 	c.ctx = ctx
+	c.deadline, c.hasDeadline = ctx.Deadline()
 	return c
 }
 
@@ -109,10 +115,22 @@ func (c *scriptCall) release() {
 	clear(c.args)
 	c.keys, c.args = c.keys[:0], c.args[:0]
 	c.ctx, c.reply, c.err = nil, nil, nil
+	c.deadline, c.hasDeadline = time.Time{}, false
 	if cap(c.keys) > 256 || cap(c.args) > 2048 {
 		return
 	}
 	callPool.Put(c)
+}
+
+// expiredAt returns why the call's caller has given up by now, or nil.
+// The copied deadline catches a call abandoned on a context that another
+// request reuses by now; ctx.Err catches a cancelled one. (Skipping an
+// abandoned call is always right; only sending it would be wrong.)
+func (c *scriptCall) expiredAt(now time.Time) error {
+	if c.hasDeadline && !now.Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return c.ctx.Err()
 }
 
 // finish hands the reply to the caller.
@@ -283,16 +301,17 @@ func (c *coalescer) take(batch []*scriptCall) []*scriptCall {
 // every call in it. A call whose caller already gave up is not sent.
 func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redis.Cmd) []*redis.Cmd {
 	var deadline time.Time
+	now := time.Now()
 	live := batch[:0]
 	for _, call := range batch {
-		if err := call.ctx.Err(); err != nil {
+		if err := call.expiredAt(now); err != nil {
 			c.expired.Add(1)
 			call.finish(nil, err)
 			continue
 		}
-		d, ok := call.ctx.Deadline()
-		if !ok {
-			d = time.Now().Add(c.opt.Timeout)
+		d := call.deadline
+		if !call.hasDeadline {
+			d = now.Add(c.opt.Timeout)
 		}
 		if d.After(deadline) {
 			deadline = d

@@ -305,7 +305,7 @@ func (s *RedisStore) Decide(ctx context.Context, b *Batch, results []Result) (bo
 // request is atomic. results has len(b.Checks).
 func (s *RedisStore) decideAll(ctx context.Context, b *Batch, results []Result) (bool, error) {
 	call := newCall(ctx)
-	call.args = append(call.args, b.NowUS)
+	call.args = append(call.args, boxInt(b.NowUS))
 	for i := range b.Checks {
 		c := &b.Checks[i]
 		var err error
@@ -344,7 +344,49 @@ func appendCheckArgs(args []any, c *Check) ([]any, error) {
 	if c.Shadow {
 		shadow = 1
 	}
-	return append(args, code, c.Limit, c.PeriodUS, c.Burst, c.Cost, shadow), nil
+	return append(args, code, boxInt(c.Limit), boxInt(c.PeriodUS), boxInt(c.Burst), boxInt(c.Cost), shadow), nil
+}
+
+// boxes holds the interface values of the integers seen in script
+// arguments: limits, periods and bursts come from a few rules, and boxing
+// each anew cost an allocation per argument per decision. Copy on write:
+// reads take no lock; a new value copies the map (bounded, so a stream of
+// distinct costs cannot grow it without end).
+var (
+	boxes   atomic.Pointer[map[int64]any]
+	boxesMu sync.Mutex
+)
+
+const maxBoxes = 1024
+
+// boxInt returns v as an interface value, allocating only the first time a
+// value is seen (and never for 0..255, which Go boxes without allocating).
+func boxInt(v int64) any {
+	if v >= 0 && v < 256 {
+		return v
+	}
+	if m := boxes.Load(); m != nil {
+		if b, ok := (*m)[v]; ok {
+			return b
+		}
+	}
+	b := any(v)
+	boxesMu.Lock()
+	defer boxesMu.Unlock()
+	old := boxes.Load()
+	n := 1
+	if old != nil && len(*old) < maxBoxes {
+		n += len(*old)
+	}
+	m := make(map[int64]any, n)
+	if n > 1 {
+		for k, x := range *old {
+			m[k] = x
+		}
+	}
+	m[v] = b
+	boxes.Store(&m)
+	return b
 }
 
 // parseDecideReply turns decide.lua's reply into results. Any surprise in the

@@ -181,6 +181,20 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	// top-denied sketch, Redis health, the admin listener.
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
+
+	// Identities Redis denied are answered here until their retry time.
+	// Pointless on the in-memory store, which is already local.
+	if cfg.DenyCache.Enabled && client != nil {
+		dc := limits.NewDenyCache(cfg.DenyCache.MaxEntries)
+		if err := limiter.SetDenyCache(dc); err != nil {
+			log.Info().Err(err).Msg("deny cache off")
+		} else {
+			m.ObserveDenyCache(dc)
+			// A key reset on any instance (DELETE /v1/keys/...) reaches
+			// every instance's cache through pub/sub.
+			go admin.NewRedisResets(client, cfg.Redis.KeyPrefix, dc, log).Run(bg)
+		}
+	}
 	var overrides admin.OverrideStore = admin.NewMemoryOverrides()
 	top := admin.NewTop()
 	if client != nil {

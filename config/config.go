@@ -53,10 +53,21 @@ type Config struct {
 	LocalShare int
 	// DenyStatus is the status of a denial: 429 (default) or 403.
 	DenyStatus int
+	DenyCache  DenyCache
 	Admin      Admin
 	Identity   Identity
 	// Rules are the compiled rules in file order; never nil.
 	Rules []*limits.Rule
+}
+
+// DenyCache is `deny_cache:`: an identity Redis denied is answered
+// locally until its retry time (limits.DenyCache says why that is exact).
+type DenyCache struct {
+	// Enabled is true by default; it applies to a single Redis and
+	// Sentinel, not to Redis Cluster or the in-memory store.
+	Enabled bool
+	// MaxEntries bounds the cache; default 100000.
+	MaxEntries int
 }
 
 // Redis is the `redis:` block. At most one of URL, ClusterAddrs and

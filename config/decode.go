@@ -63,6 +63,7 @@ type rawConfig struct {
 	FailureMode opt[string]
 	LocalShare  opt[int64]
 	DenyStatus  opt[int64]
+	DenyCache   rawDenyCache
 	Admin       rawAdmin
 	Identity    rawIdentity
 	Rules       opt[[]rawRule]
@@ -76,6 +77,7 @@ func (c *rawConfig) fields() []field {
 		{"failure_mode", &c.FailureMode},
 		{"local_share", &c.LocalShare},
 		{"deny_status", &c.DenyStatus},
+		{"deny_cache", &c.DenyCache},
 		{"admin", &c.Admin},
 		{"identity", &c.Identity},
 		{"rules", &c.Rules},
@@ -106,6 +108,19 @@ func (r *rawRedis) fields() []field {
 		{"key_prefix", &r.KeyPrefix},
 		{"timeout", &r.Timeout},
 		{"coalesce", &r.Coalesce},
+	}
+}
+
+type rawDenyCache struct {
+	section
+	Enabled    opt[bool]
+	MaxEntries opt[int64]
+}
+
+func (c *rawDenyCache) fields() []field {
+	return []field{
+		{"enabled", &c.Enabled},
+		{"max_entries", &c.MaxEntries},
 	}
 }
 

@@ -33,6 +33,14 @@ func (c *Config) Describe() string {
 	line("store", "%s", c.Redis.describe())
 	if c.Redis.URL != "" || len(c.Redis.ClusterAddrs) > 0 || c.Redis.Sentinel.Master != "" {
 		line("coalesce", "%s", c.Redis.describeCoalesce())
+		switch {
+		case !c.DenyCache.Enabled:
+			line("deny cache", "off")
+		case len(c.Redis.ClusterAddrs) > 0:
+			line("deny cache", "off on Redis Cluster (a refund can make an earlier denial too long)")
+		default:
+			line("deny cache", "up to %d identities denied by Redis answered locally until their retry time", c.DenyCache.MaxEntries)
+		}
 	}
 	mode := c.FailureMode
 	switch mode {

@@ -50,6 +50,8 @@ const (
 	defaultHostHeader   = "X-Original-Host"
 	defaultMaxCost      = 100
 	defaultPipelines    = 4
+	defaultDenyCache    = 100_000
+	maxDenyCache        = 10_000_000
 	defaultMaxBatch     = 128
 )
 
@@ -71,6 +73,7 @@ func validate(d *decoder, raw *rawConfig) *Config {
 		FailureMode: defaultFailureMode,
 		LocalShare:  1,
 		DenyStatus:  defaultDenyStatus,
+		DenyCache:   DenyCache{Enabled: true, MaxEntries: defaultDenyCache},
 		Rules:       []*limits.Rule{},
 	}
 	if v := &raw.Listen; v.ok() {
@@ -102,6 +105,15 @@ func validate(d *decoder, raw *rawConfig) *Config {
 		c.DenyStatus = int(v.V)
 		if v.V != 429 && v.V != 403 {
 			d.add(v.Line, "deny_status", "must be 429 or 403, got %d", v.V)
+		}
+	}
+	if v := &raw.DenyCache.Enabled; v.ok() {
+		c.DenyCache.Enabled = v.V
+	}
+	if v := &raw.DenyCache.MaxEntries; v.ok() {
+		c.DenyCache.MaxEntries = int(v.V)
+		if msg := between(v.V, 1, maxDenyCache); msg != "" {
+			d.add(v.Line, "deny_cache.max_entries", "%s", msg)
 		}
 	}
 	if v := &raw.Admin.Token; v.ok() {

@@ -68,6 +68,9 @@ type Limiter struct {
 
 	// deny, when set, answers repeated denials locally (SetDenyCache).
 	deny *DenyCache
+
+	// keys interns store keys (intern.go).
+	keys *keyIntern
 }
 
 // SetFallback makes the limiter decide with local (normally a MemoryStore)
@@ -98,7 +101,7 @@ func (l *Limiter) DenyCache() *DenyCache { return l.deny }
 
 // NewLimiter returns a limiter over store with the given key prefix and rules.
 func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
-	l := &Limiter{store: store, prefix: prefix}
+	l := &Limiter{store: store, prefix: prefix, keys: newKeyIntern()}
 	l.SetRules(rules)
 	return l
 }
@@ -180,7 +183,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 				return nil
 			}
 		}
-		key := string(d.keyBuf)
+		key := l.keys.get(d.keyBuf)
 		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
 		d.batch.Checks = append(d.batch.Checks, r.Check(key, cost))
 	}

@@ -149,6 +149,22 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	defer store.Close()
 	// Every store call is timed and its errors counted by kind.
 	m := metrics.New()
+	if rs, ok := store.(*limits.RedisStore); ok {
+		if _, on := rs.Coalescing(); on {
+			stat := func(f func(limits.CoalesceStats) uint64) func() float64 {
+				return func() float64 { st, _ := rs.Coalescing(); return float64(f(st)) }
+			}
+			m.AddCounterFunc("rategate_redis_pipelines_total",
+				"Pipelines sent to Redis; rategate_redis_pipelined_calls_total / this = decisions per round trip.",
+				stat(func(st limits.CoalesceStats) uint64 { return st.Pipelines }))
+			m.AddCounterFunc("rategate_redis_pipelined_calls_total",
+				"Script runs (decisions, or a cluster decision's slots) sent in pipelines.",
+				stat(func(st limits.CoalesceStats) uint64 { return st.Calls }))
+			m.AddCounterFunc("rategate_redis_pipeline_expired_total",
+				"Script runs not sent because their decision's deadline passed while queued.",
+				stat(func(st limits.CoalesceStats) uint64 { return st.Expired }))
+		}
+	}
 	store = metrics.InstrumentStore(store, m)
 	if client != nil {
 		// A dead or frozen Redis must cost a request microseconds, not

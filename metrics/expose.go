@@ -250,7 +250,7 @@ func (m *Metrics) AppendText(b []byte) []byte {
 
 	if p := m.gauges.Load(); p != nil {
 		for _, g := range *p {
-			e.family(g.name, "gauge", g.help)
+			e.family(g.name, g.kind, g.help)
 			e.sample(g.name, g.f())
 		}
 	}

@@ -119,6 +119,7 @@ type Metrics struct {
 // gaugeFunc is a gauge read at scrape time.
 type gaugeFunc struct {
 	name, help string
+	kind       string // gauge or counter
 	f          func() float64
 }
 
@@ -256,13 +257,22 @@ func (m *Metrics) Reloaded(ok bool) {
 // breaker's state). f must be fast and safe for concurrent use. name must be
 // a valid metric name not used by anything else.
 func (m *Metrics) AddGaugeFunc(name, help string, f func() float64) {
+	m.addFunc(gaugeFunc{name: name, help: help, kind: "gauge", f: f})
+}
+
+// AddCounterFunc is AddGaugeFunc for a counter: f must never decrease.
+func (m *Metrics) AddCounterFunc(name, help string, f func() float64) {
+	m.addFunc(gaugeFunc{name: name, help: help, kind: "counter", f: f})
+}
+
+func (m *Metrics) addFunc(g gaugeFunc) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var next []gaugeFunc
 	if p := m.gauges.Load(); p != nil {
 		next = append(next, *p...)
 	}
-	next = append(next, gaugeFunc{name: name, help: help, f: f})
+	next = append(next, g)
 	m.gauges.Store(&next)
 }
 

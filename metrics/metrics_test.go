@@ -58,9 +58,13 @@ func TestExposition(t *testing.T) {
 	m.Reloaded(true)
 	m.Reloaded(false)
 	m.AddGaugeFunc("rategate_test_gauge", "A gauge read at scrape time.", func() float64 { return 2.5 })
+	m.AddCounterFunc("rategate_test_total", "A counter read at scrape time.", func() float64 { return 7 })
 	fams := parse(t, m)
 	if v := fams["rategate_test_gauge"].GetMetric()[0].GetGauge().GetValue(); v != 2.5 {
 		t.Errorf("gauge func %v, want 2.5", v)
+	}
+	if v := fams["rategate_test_total"].GetMetric()[0].GetCounter().GetValue(); v != 7 {
+		t.Errorf("counter func %v, want 7", v)
 	}
 
 	get := func(name string, labels ...string) float64 {

@@ -448,11 +448,22 @@ func runGateway(t *testing.T, v variant) {
 		s.redis.Stop()
 		// failure_mode: allow. NGINX's own policy is only for an
 		// unreachable rategate, so the fail-closed NGINX lets it through too.
+		fresh := fmt.Sprintf("fresh-%d", time.Now().UnixNano())
 		for _, n := range []*nginxServer{s.open, s.closed} {
-			r := n.do(t, userReq("/user/feed", fleet))
+			r := n.do(t, userReq("/user/feed", fresh))
 			wantStatus(t, r, 200)
 			wantHeader(t, r, "X-RateLimit-Status", "unavailable")
 			wantNoHeader(t, r, "X-RateLimit-Limit")
+			wantFast(t, r)
+		}
+		// The user Redis denied for the rest of the window is still
+		// denied: both rategates cached that denial (deny_cache), and no
+		// Redis can have given the quota back.
+		for _, n := range []*nginxServer{s.open, s.closed} {
+			r := n.do(t, userReq("/user/feed", fleet))
+			wantStatus(t, r, 429)
+			wantHeader(t, r, "X-RateLimit-Rule", "per-user")
+			wantWindowSeconds(t, r, "Retry-After")
 			wantFast(t, r)
 		}
 	})

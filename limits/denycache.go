@@ -143,6 +143,10 @@ type denyEntry struct {
 	// untilUS is the cache-clock time the denial holds until (exclusive);
 	// math.MaxInt64 for a cost that never fits, until the rules change.
 	untilUS int64
+	// retryAtUS is when the store said this cost would fit: the time a
+	// cached denial reports (Retry-After). untilUS is a little earlier when
+	// it allows for clock drift; the header stays the store's.
+	retryAtUS int64
 	// resetAtUS is when the store said the quota would be fully back.
 	resetAtUS int64
 	remaining int64
@@ -261,11 +265,15 @@ func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, boo
 // decision read generation gen and the cache clock now (before the store
 // call). exactClock says the cache clock is the store's own (tests).
 func (c *DenyCache) put(gen uint64, v *Verdict, now int64, exactClock bool) {
-	var until int64
+	var until, retryAt int64
 	switch retry := v.Result.RetryUS; {
 	case retry == NeverFits:
-		until = math.MaxInt64
+		until, retryAt = math.MaxInt64, math.MaxInt64
 	case retry > 0:
+		retryAt = math.MaxInt64
+		if retry <= math.MaxInt64-now {
+			retryAt = now + retry
+		}
 		if !exactClock {
 			retry -= retry >> driftShift
 		}
@@ -282,6 +290,7 @@ func (c *DenyCache) put(gen uint64, v *Verdict, now int64, exactClock bool) {
 		key:       v.Key,
 		cost:      v.Cost,
 		untilUS:   until,
+		retryAtUS: retryAt,
 		resetAtUS: now + max(v.Result.ResetUS, 0),
 		remaining: v.Result.Remaining,
 	}
@@ -343,7 +352,7 @@ func (c *DenyCache) sweepLocked(sh *denyShard, now int64) {
 func (e *denyEntry) verdict(r *Rule, cost, now int64) Verdict {
 	retry := NeverFits
 	if e.untilUS != math.MaxInt64 && !costNeverFits(r, cost) {
-		retry = e.untilUS - now
+		retry = e.retryAtUS - now
 	}
 	return Verdict{Rule: r, Key: e.key, Cost: cost, Result: Result{
 		Remaining: e.remaining,

@@ -215,7 +215,7 @@ func (s *RedisStore) decideGroups(ctx context.Context, b *Batch, groups []slotGr
 // groupCall builds the decide.lua call of one slot's checks.
 func groupCall(ctx context.Context, b *Batch, g *slotGroup) *scriptCall {
 	call := newCall(ctx)
-	call.args = append(call.args, boxInt(b.NowUS))
+	call.args = append(call.args, b.NowUS)
 	for _, i := range g.idx {
 		call.keys = append(call.keys, b.Checks[i].Key)
 		call.args, _ = appendCheckArgs(call.args, &b.Checks[i]) // codes checked by decideSlots

@@ -146,6 +146,14 @@ func (c *scriptCall) wait() (any, error, bool) {
 	case <-c.done:
 		return c.reply, c.err, true
 	case <-c.ctx.Done():
+		// Both may be ready at once, and select picks at random: a reply
+		// that arrived is a decision Redis made (and, if admitted,
+		// committed), so it wins over the deadline.
+		select {
+		case <-c.done:
+			return c.reply, c.err, true
+		default:
+		}
 		return nil, c.ctx.Err(), false
 	}
 }

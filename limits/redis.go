@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,6 +178,7 @@ func openRedisURL(o RedisOptions) (*RedisStore, error) {
 		opt.TLSConfig = o.TLS
 	}
 	opt.ContextTimeoutEnabled = true
+	opt.PoolSize = poolSize(opt.PoolSize, o.Coalesce)
 	client := redis.NewClient(opt)
 	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr, o.Coalesce)
 	if err != nil {
@@ -193,6 +195,7 @@ func openCluster(co *redis.ClusterOptions, o RedisOptions, name string) (*RedisS
 		co.TLSConfig = o.TLS
 	}
 	co.ContextTimeoutEnabled = true
+	co.PoolSize = poolSize(co.PoolSize, o.Coalesce)
 	// Writes go to primaries only: a replica's counter may lag.
 	co.ReadOnly, co.RouteByLatency, co.RouteRandomly = false, false, false
 	if co.DialerRetries == 0 {
@@ -220,6 +223,7 @@ func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error
 		fo.TLSConfig = o.TLS
 	}
 	fo.ContextTimeoutEnabled = true
+	fo.PoolSize = poolSize(fo.PoolSize, o.Coalesce)
 	fo.ReplicaOnly, fo.RouteByLatency, fo.RouteRandomly = false, false, false
 	client := redis.NewFailoverClient(fo)
 	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")), o.Coalesce)
@@ -229,6 +233,20 @@ func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error
 	}
 	s.master = fo.MasterName
 	return s, nil
+}
+
+// poolSize is the connection pool per server: go-redis's default (10 per
+// CPU) or what the URL asked for, but always room for every pipeline plus
+// the other users of the client (peeks, resets, refunds, overrides), so
+// that runners never wait for a connection behind each other.
+func poolSize(size int, co CoalesceOptions) int {
+	if size <= 0 {
+		size = 10 * runtime.GOMAXPROCS(0)
+	}
+	if co.Disabled {
+		return size
+	}
+	return max(size, co.withDefaults().Pipelines+10)
 }
 
 func firstNonEmpty(a, b string) string {
@@ -305,7 +323,7 @@ func (s *RedisStore) Decide(ctx context.Context, b *Batch, results []Result) (bo
 // request is atomic. results has len(b.Checks).
 func (s *RedisStore) decideAll(ctx context.Context, b *Batch, results []Result) (bool, error) {
 	call := newCall(ctx)
-	call.args = append(call.args, boxInt(b.NowUS))
+	call.args = append(call.args, b.NowUS)
 	for i := range b.Checks {
 		c := &b.Checks[i]
 		var err error
@@ -344,20 +362,28 @@ func appendCheckArgs(args []any, c *Check) ([]any, error) {
 	if c.Shadow {
 		shadow = 1
 	}
-	return append(args, code, boxInt(c.Limit), boxInt(c.PeriodUS), boxInt(c.Burst), boxInt(c.Cost), shadow), nil
+	return append(args, code, boxInt(c.Limit), boxInt(c.PeriodUS), boxInt(c.Burst), c.Cost, shadow), nil
 }
 
-// boxes holds the interface values of the integers seen in script
-// arguments: limits, periods and bursts come from a few rules, and boxing
-// each anew cost an allocation per argument per decision. Copy on write:
-// reads take no lock; a new value copies the map (bounded, so a stream of
-// distinct costs cannot grow it without end).
+// boxes holds the interface values of rule values in script arguments:
+// limits, periods and bursts come from a few rules, and boxing each anew
+// cost an allocation per argument per decision. Request values (a cost
+// from a header, a test clock) are boxed directly: they would only churn
+// the table. Copy on write: reads take no lock; once full (rules changed
+// very often) new values are boxed without being kept.
 var (
 	boxes   atomic.Pointer[map[int64]any]
 	boxesMu sync.Mutex
 )
 
 const maxBoxes = 1024
+
+func lenOf(m *map[int64]any) int {
+	if m == nil {
+		return 0
+	}
+	return len(*m)
+}
 
 // boxInt returns v as an interface value, allocating only the first time a
 // value is seen (and never for 0..255, which Go boxes without allocating).
@@ -374,12 +400,11 @@ func boxInt(v int64) any {
 	boxesMu.Lock()
 	defer boxesMu.Unlock()
 	old := boxes.Load()
-	n := 1
-	if old != nil && len(*old) < maxBoxes {
-		n += len(*old)
+	if old != nil && len(*old) >= maxBoxes {
+		return b
 	}
-	m := make(map[int64]any, n)
-	if n > 1 {
+	m := make(map[int64]any, 1+lenOf(old))
+	if old != nil {
 		for k, x := range *old {
 			m[k] = x
 		}

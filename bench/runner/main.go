@@ -18,7 +18,9 @@
 // (wrk threads, default 2), BENCH_USERS (default 10000), BENCH_SCENARIOS
 // (comma-separated names, default all; see scenarios), BENCH_RATE (the
 // latency check's rate), BENCH_NGINX_KEEPALIVE (an experiment: the
-// upstreams' keepalive instead of the shipped one).
+// upstreams' keepalive instead of the shipped one), BENCH_PPROF=1 (CPU
+// profiles of rategate's first run of each scenario, in
+// bench/results/profiles-<time>/).
 package main
 
 import (
@@ -90,6 +92,9 @@ type settings struct {
 	// NginxKeepalive, when > 0, is an experiment: the upstreams' keepalive
 	// (idle connections per worker) instead of the shipped 32 and 16.
 	NginxKeepalive int `json:"nginx_keepalive,omitempty"`
+	// Pprof (BENCH_PPROF=1) runs rategate with -pprof and saves a CPU
+	// profile of its first run of each scenario next to the results.
+	Pprof bool `json:"pprof,omitempty"`
 }
 
 func loadSettings(getenv func(string) string) (settings, error) {
@@ -116,6 +121,13 @@ func loadSettings(getenv func(string) string) (settings, error) {
 			}
 			*e.dst = n
 		}
+	}
+	switch getenv("BENCH_PPROF") {
+	case "", "0":
+	case "1":
+		s.Pprof = true
+	default:
+		errs = append(errs, fmt.Errorf("BENCH_PPROF=%q: want 1 or nothing", getenv("BENCH_PPROF")))
 	}
 	if s.Threads > s.Connections {
 		errs = append(errs, fmt.Errorf("BENCH_THREADS (%d) must not exceed BENCH_CONNECTIONS (%d)", s.Threads, s.Connections))
@@ -214,10 +226,11 @@ func run(ctx context.Context, cfg settings, work, bin, repo, resultsDir string) 
 	if cfg.NginxKeepalive > 0 {
 		fmt.Printf("EXPERIMENT: both NGINX copies keep %d idle connections per upstream (BENCH_NGINX_KEEPALIVE), not the shipped 32/16\n", cfg.NginxKeepalive)
 	}
-	st, err := startStack(ctx, ps, work, bin, repo, cfg.NginxKeepalive)
+	st, err := startStack(ctx, ps, work, bin, repo, cfg.NginxKeepalive, cfg.Pprof)
 	if err != nil {
 		return err
 	}
+	st.profileDir = filepath.Join(resultsDir, "profiles-"+res.Started.UTC().Format("2006-01-02T15-04-05Z"))
 	defer st.rdb.Close()
 	res.Stack = st.describe()
 	fmt.Println(res.Stack.Summary)

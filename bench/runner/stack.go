@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +27,10 @@ type stack struct {
 	bin    string
 	script string // bench/wrk/users.lua
 	policy string // bench/policy.yaml
+	// pprof: rategate serves /debug/pprof/ (BENCH_PPROF=1); profiles go
+	// to profileDir.
+	pprof      bool
+	profileDir string
 
 	redis, rategate, floor, app, ngRG, ngFloor                   *proc
 	redisAddr, rgAddr, floorAddr, appAddr, ngRGAddr, ngFloorAddr string
@@ -41,7 +47,7 @@ type stack struct {
 // startStack starts everything, checks that each path answers as expected,
 // and returns the running stack. On error what was started is left to
 // ps.stopAll.
-func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepalive int) (*stack, error) {
+func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepalive int, pprof bool) (*stack, error) {
 	st := &stack{ps: ps, work: work, bin: bin}
 	var err error
 	if st.script, err = filepath.Abs(filepath.Join(repo, "bench", "wrk", "users.lua")); err != nil {
@@ -93,14 +99,19 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepal
 		return nil, err
 	}
 	rg := filepath.Join(bin, "rategate")
+	var extra []string
+	if pprof {
+		extra = append(extra, "-pprof")
+		st.pprof = true
+	}
 	if st.rategate, err = ps.start("rategate", filepath.Join(logs, "rategate.log"), rg,
-		"-config", st.policy, "-redis", "redis://"+st.redisAddr+"/0",
-		"-listen", st.rgAddr, "-admin-listen", st.adminAddr); err != nil {
+		append([]string{"-config", st.policy, "-redis", "redis://" + st.redisAddr + "/0",
+			"-listen", st.rgAddr, "-admin-listen", st.adminAddr}, extra...)...); err != nil {
 		return nil, err
 	}
 	if st.rategateQuiet, err = ps.start("rategate-quiet", filepath.Join(logs, "rategate-quiet.log"), rg,
-		"-config", quietPolicy, "-redis", "redis://"+st.redisAddr+"/0",
-		"-listen", st.rgQuietAddr, "-admin-listen", st.adminQuietAddr); err != nil {
+		append([]string{"-config", quietPolicy, "-redis", "redis://" + st.redisAddr + "/0",
+			"-listen", st.rgQuietAddr, "-admin-listen", st.adminQuietAddr}, extra...)...); err != nil {
 		return nil, err
 	}
 	for _, w := range []struct {
@@ -245,7 +256,17 @@ func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (sc
 				w, err := parseWrk(out)
 				return loadResult{wrkResult: w, GenCPU: cpu}, err
 			}
+			var profiled chan error
+			if st.pprof && name == "rategate" && round == 1 && tg.admin != "" {
+				profiled = make(chan error, 1)
+				go func() { profiled <- st.saveProfile(ctx, tg.admin, sc.Name, cfg.Duration) }()
+			}
 			s, err := st.measure(ctx, tg, round, cfg.Duration+30*time.Second, load)
+			if profiled != nil {
+				if perr := <-profiled; perr != nil {
+					fmt.Println("  (no profile: " + perr.Error() + ")")
+				}
+			}
 			if err != nil {
 				return r, fmt.Errorf("%s, %s, round %d: %w", sc.Name, name, round, err)
 			}
@@ -297,7 +318,17 @@ func (st *stack) runLatency(ctx context.Context, cfg settings, done []scenarioRe
 				}
 				return parseOpenloop(out, cpu)
 			}
+			var profiled chan error
+			if st.pprof && name == "rategate" && round == 1 && tg.admin != "" {
+				profiled = make(chan error, 1)
+				go func() { profiled <- st.saveProfile(ctx, tg.admin, latencyScenario, cfg.Duration) }()
+			}
 			s, err := st.measure(ctx, tg, round, cfg.Duration+30*time.Second, load)
+			if profiled != nil {
+				if perr := <-profiled; perr != nil {
+					fmt.Println("  (no profile: " + perr.Error() + ")")
+				}
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s, %s, round %d: %w", latencyScenario, name, round, err)
 			}
@@ -680,3 +711,42 @@ func (st *stack) logSummary() logInfo {
 }
 
 func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
+
+// saveProfile fetches a CPU profile of rategate, as long as the run minus
+// its first second, into <profileDir>/<scenario>.pprof (go tool pprof -top
+// reads it without the binary).
+func (st *stack) saveProfile(ctx context.Context, admin, scenario string, run time.Duration) error {
+	secs := max(int((run-time.Second)/time.Second), 1)
+	dir := st.profileDir
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	c, cancel := context.WithTimeout(ctx, run+10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(c, "GET", fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /debug/pprof/profile: %s", resp.Status)
+	}
+	out := filepath.Join(dir, scenario+".pprof")
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	fmt.Println("  profile of rategate's round-1 run: " + out)
+	return nil
+}

@@ -12,6 +12,7 @@
 # BENCH_NGINX_KEEPALIVE=N (an experiment: both upstreams keep N idle
 # connections instead of the shipped 32 and 16; the results say so)
 # BENCH_KEEP=1 keeps the work directory (configs and every server's log).
+# BENCH_PPROF=1 saves CPU profiles of rategate (bench/results/profiles-<time>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

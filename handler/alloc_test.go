@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -80,5 +81,21 @@ func TestHandlerAllocs(t *testing.T) {
 	t.Logf("allocations per allowed /auth request, handler and context only: %v", n)
 	if n > handlerAllocs {
 		t.Errorf("%v allocations per allowed /auth request in the handler, want <= %d", n, handlerAllocs)
+	}
+}
+
+// TestForwardedAllocs: walking X-Forwarded-For past trusted proxies
+// allocates nothing either.
+func TestForwardedAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are only meaningful without -race")
+	}
+	lines := [][]byte{[]byte("198.51.100.9, 203.0.113.7"), []byte("10.0.0.2, 10.0.0.1")}
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	if a, ok := forwardedClient(lines, trusted); !ok || a != netip.MustParseAddr("203.0.113.7") {
+		t.Fatalf("client %v %v, want 203.0.113.7", a, ok)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = forwardedClient(lines, trusted) }); n != 0 {
+		t.Fatalf("%v allocations per X-Forwarded-For walk, want 0", n)
 	}
 }

@@ -48,22 +48,33 @@ func waitQueued(t *testing.T, c *coalescer, n int) {
 	}
 }
 
-// TestCoalescedBatchesWhileBusy: with one pipeline in flight (Redis
-// frozen), the calls that arrive meanwhile leave together in the next
-// pipeline, and every one of them gets its own answer.
-func TestCoalescedBatchesWhileBusy(t *testing.T) {
+// oneRunnerStore starts a controllable redis-server and a store over it
+// with a single pipeline runner, its script already loaded. The test
+// closes the store when it needs to; otherwise cleanup does.
+func oneRunnerStore(t *testing.T) (*testredis.Controlled, *redis.Client, *RedisStore) {
+	t.Helper()
 	rs := testredis.StartControlled(t)
 	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
 	store, err := NewRedisStore(client, "redis", CoalesceOptions{Pipelines: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(func() { store.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := store.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return rs, client, store
+}
+
+// TestCoalescedBatchesWhileBusy: with one pipeline in flight (Redis
+// frozen), the calls that arrive meanwhile leave together in the next
+// pipeline, and every one of them gets its own answer.
+func TestCoalescedBatchesWhileBusy(t *testing.T) {
+	rs, _, store := oneRunnerStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 
 	rs.Freeze()
 	first := make(chan error, 1)
@@ -119,18 +130,7 @@ func TestCoalescedBatchesWhileBusy(t *testing.T) {
 // deadline passed in the queue are never sent, and once Redis is back the
 // next call is decided normally.
 func TestCoalescedDeadlines(t *testing.T) {
-	rs := testredis.StartControlled(t)
-	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-	store, err := NewRedisStore(client, "redis", CoalesceOptions{Pipelines: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	if err := store.Warm(wctx); err != nil {
-		t.Fatal(err)
-	}
+	rs, client, store := oneRunnerStore(t)
 
 	rs.Freeze()
 	defer rs.Thaw()
@@ -149,7 +149,7 @@ func TestCoalescedDeadlines(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	start := time.Now()
 	var r [1]Result
-	_, err = store.Decide(ctx, oneCheck("co:{queued}:fw", 10), r[:])
+	_, err := store.Decide(ctx, oneCheck("co:{queued}:fw", 10), r[:])
 	took := time.Since(start)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -225,17 +225,7 @@ func TestCoalescedNoScript(t *testing.T) {
 // Redis is frozen mid-pipeline no later than that pipeline's deadline, and
 // later calls fail at once.
 func TestCoalescedClose(t *testing.T) {
-	rs := testredis.StartControlled(t)
-	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-	store, err := NewRedisStore(client, "redis", CoalesceOptions{Pipelines: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	if err := store.Warm(wctx); err != nil {
-		t.Fatal(err)
-	}
+	rs, _, store := oneRunnerStore(t)
 	rs.Freeze()
 	defer rs.Thaw()
 	results := make(chan error, 2)

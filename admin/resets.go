@@ -39,9 +39,6 @@ func NewRedisResets(client redis.UniversalClient, prefix string, cache *limits.D
 	return r
 }
 
-// Channel returns the pub/sub channel name.
-func (r *RedisResets) Channel() string { return r.channel }
-
 // AnnounceReset implements limits.ResetAnnouncer: PUBLISH <prefix>:resets key.
 // The publishing instance hears its own message too; forgetting twice is harmless.
 func (r *RedisResets) AnnounceReset(ctx context.Context, key string) error {

@@ -378,12 +378,7 @@ var (
 
 const maxBoxes = 1024
 
-func lenOf(m *map[int64]any) int {
-	if m == nil {
-		return 0
-	}
-	return len(*m)
-}
+func init() { boxes.Store(&map[int64]any{}) }
 
 // boxInt returns v as an interface value, allocating only the first time a
 // value is seen (and never for 0..255, which Go boxes without allocating).
@@ -391,23 +386,19 @@ func boxInt(v int64) any {
 	if v >= 0 && v < 256 {
 		return v
 	}
-	if m := boxes.Load(); m != nil {
-		if b, ok := (*m)[v]; ok {
-			return b
-		}
+	if b, ok := (*boxes.Load())[v]; ok {
+		return b
 	}
 	b := any(v)
 	boxesMu.Lock()
 	defer boxesMu.Unlock()
-	old := boxes.Load()
-	if old != nil && len(*old) >= maxBoxes {
+	old := *boxes.Load()
+	if len(old) >= maxBoxes {
 		return b
 	}
-	m := make(map[int64]any, 1+lenOf(old))
-	if old != nil {
-		for k, x := range *old {
-			m[k] = x
-		}
+	m := make(map[int64]any, len(old)+1)
+	for k, x := range old {
+		m[k] = x
 	}
 	m[v] = b
 	boxes.Store(&m)

@@ -1,5 +1,5 @@
 // Command rategate is a rate-limit decision service for NGINX auth_request.
-// See README.md for usage and ../DESIGN.md for the contract.
+// See README.md and docs/ for usage and the contract.
 package main
 
 import (

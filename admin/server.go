@@ -2,8 +2,7 @@
 // (loopback by default): Prometheus metrics, the rules in force with their
 // runtime overrides, config reload, key inspection and reset, and the
 // identities denied most. It also holds the `rategate admin` command-line
-// client for that API. See DESIGN.md §6 and the README's "Operating
-// rategate".
+// client for that API. See docs/operations.md.
 package admin
 
 import (

@@ -7,7 +7,7 @@ package bench_test
 //	go test -run '^$' -bench 'Serve/redis' -benchmem -cpuprofile cpu.out ./bench/ && go tool pprof -top bench.test cpu.out
 //
 // They are for finding where the time goes, not for pass/fail: speed is
-// judged by `make bench`'s ratios against the floor (DESIGN.md §7).
+// judged by `make bench`'s ratios against the floor (bench/README.md).
 
 import (
 	"context"

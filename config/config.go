@@ -1,4 +1,4 @@
-// Package config loads rategate's YAML configuration (DESIGN.md §4), fills in
+// Package config loads rategate's YAML configuration (docs/configuration.md), fills in
 // defaults, validates everything at once and compiles the rules into
 // []*limits.Rule.
 //

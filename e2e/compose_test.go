@@ -222,7 +222,7 @@ func TestComposeNginxConfig(t *testing.T) {
 	}})
 	needWindow(t, time.Minute, 10*time.Second)
 
-	// nginx/README.md: five requests a minute per user on /api/.
+	// docs/nginx.md: five requests a minute per user on /api/.
 	var got []int
 	for i := 0; i < 6; i++ {
 		got = append(got, nx.do(t, userReq("/api/hello", "alice")).Status)

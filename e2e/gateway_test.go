@@ -176,7 +176,7 @@ func runGateway(t *testing.T, v variant) {
 			t.Errorf("the app received %d requests of user %s, want still 10", got, fleet)
 		}
 		// Plain auth_request denies through an internal 500, after which
-		// NGINX closes the client connection (documented in nginx/README.md).
+		// NGINX closes the client connection (documented in docs/nginx.md).
 		wantConn := "keep-alive"
 		if v.logsDenials {
 			wantConn = "close"

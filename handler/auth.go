@@ -11,7 +11,7 @@ import (
 )
 
 // Response header names, written with SetCanonical so they go out spelled
-// as the IETF draft and DESIGN.md §3 spell them.
+// as the IETF draft and docs/decision-endpoint.md spell them.
 var (
 	hdrPolicy      = []byte("RateLimit-Policy")
 	hdrRateLimit   = []byte("RateLimit")

@@ -1,7 +1,7 @@
 // Package handler holds rategate's HTTP side: the /auth decision endpoint that
 // NGINX's auth_request calls, and the health endpoints. It turns request
 // headers into a limits.Request, asks a Decider, and writes the status and
-// rate-limit headers of DESIGN.md §3. It does no limiter maths.
+// rate-limit headers of docs/decision-endpoint.md. It does no limiter maths.
 package handler
 
 import (

@@ -2,7 +2,7 @@ package handler
 
 import "bytes"
 
-// Route normalization (DESIGN §3). The route is what rules match on and what
+// Route normalization (docs/decision-endpoint.md). The route is what rules match on and what
 // the `route` key dimension counts, so every spelling of one path must give
 // one route: otherwise "/a/../admin", "//admin" or "/%61dmin" would each get
 // a fresh quota.

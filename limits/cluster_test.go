@@ -472,7 +472,7 @@ func TestClusterRefundExactlyOnce(t *testing.T) {
 }
 
 // TestClusterRoundTrips counts the scripts one decision runs and measures
-// them on loopback (the numbers the README quotes; logged, not asserted).
+// them on loopback (the numbers docs/scaling.md quotes; logged, not asserted).
 func TestClusterRoundTrips(t *testing.T) {
 	c := sharedCluster.get(t)
 	if err := c.FlushAll(); err != nil {

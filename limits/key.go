@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 )
 
-// Key layout (DESIGN §5): <prefix>:{<rule>:<identity>}:<suffix>
+// Key layout: <prefix>:{<rule>:<identity>}:<suffix>
 //
 // The identity is the rule's key parts joined by '|', each value escaped so
 // that only [A-Za-z0-9._~/:@-] stays literal and every other byte becomes %XX.

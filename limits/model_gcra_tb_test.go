@@ -15,7 +15,7 @@ import (
 
 // Property tests for gcra and token_bucket: random timelines checked step by
 // step against tiny reference models in exact rational arithmetic, written
-// from DESIGN §5 independently of the implementation, and run on both stores.
+// from docs/algorithms.md independently of the implementation, and run on both stores.
 //
 // Redis expires keys on its own clock while these timelines run on a fake
 // one, so sequences that go to Redis use an interval T >= 1 s: every key a

@@ -14,7 +14,7 @@ import (
 // Algorithm names a rate-limit algorithm as written in the config file.
 type Algorithm string
 
-// The algorithms rategate implements. Their semantics are in DESIGN.md §5.
+// The algorithms rategate implements. Their semantics are in docs/algorithms.md.
 const (
 	FixedWindow   Algorithm = "fixed_window"
 	SlidingLog    Algorithm = "sliding_log"

@@ -4,7 +4,7 @@ package limits
 // slot = CRC16-XMODEM(tag) mod 16384, where tag is the part of the key
 // between the first '{' and the first '}' after it when that part is not
 // empty, else the whole key. rategate keys put "{rule:identity}" there
-// (DESIGN §5), so every key of one rule and identity lands in one slot.
+// (docs/design.md, "Keys"), so every key of one rule and identity lands in one slot.
 //
 // go-redis has the same function internally but does not export it; this
 // copy is checked against CLUSTER KEYSLOT on a real cluster in cluster_test.go.

@@ -132,6 +132,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprint(stdout, cfg.Describe())
 		return exitOK
 	}
+	// A token from the environment (a Kubernetes Secret, a compose
+	// variable) wins over the file's, so it need not sit in a ConfigMap.
+	if t := getenv("RATEGATE_ADMIN_TOKEN"); t != "" {
+		cfg.Admin.Token = t
+	}
 
 	level, err := zerolog.ParseLevel(firstSet(o.logLevel, cfg.LogLevel, "info"))
 	if err != nil || level == zerolog.NoLevel {
@@ -254,8 +259,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitFailure
 	}
 	if cfg.Admin.Token == "" && !isLoopback(adminLn.Addr()) {
-		log.Warn().Str("admin_listen", adminLn.Addr().String()).
-			Msg("the admin API is reachable beyond this host without a token: set admin.token")
+		// Overrides, resets and reloads from anyone who can reach the
+		// port: refuse rather than warn.
+		ln.Close()
+		adminLn.Close()
+		log.Error().Str("admin_listen", adminLn.Addr().String()).
+			Msg("the admin API would be reachable beyond this host without a token: set admin.token (or RATEGATE_ADMIN_TOKEN), or listen on 127.0.0.1")
+		return exitInvalid
 	}
 	adminSrv := &fasthttp.Server{
 		Handler: admin.NewServer(admin.ServerOptions{

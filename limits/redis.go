@@ -527,3 +527,29 @@ func (b *background) close() {
 	b.cancel()
 	b.wg.Wait()
 }
+
+// IsStoreFailure is the failure test a breaker in front of a Redis store
+// uses (BreakerOptions.IsFailure). It reports whether err means the store
+// cannot decide right now: a timeout, a connection error, or a Redis reply
+// saying the server is not usable (LOADING, BUSY, MASTERDOWN, READONLY,
+// OOM, MISCONF, NOAUTH, WRONGPASS, NOPERM, CLUSTERDOWN, TRYAGAIN,
+// NOREPLICAS, max clients). Other Redis replies (a script error, NOSCRIPT,
+// WRONGTYPE) prove the server answers and are not failures; nor is
+// context.Canceled (the caller gave up).
+func IsStoreFailure(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	msg := re.Error()
+	word, _, _ := strings.Cut(msg, " ")
+	switch word {
+	case "LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "MISCONF",
+		"NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS":
+		return true
+	}
+	return strings.HasPrefix(msg, "ERR max number of clients reached")
+}

@@ -89,14 +89,13 @@ func TestSentinel(t *testing.T) {
 		}
 	})
 
-	l := NewLimiter(rs, "rg", failoverRules())
 	local := NewMemoryStore()
 	defer func() {
 		if !closed {
 			local.Close()
 		}
 	}()
-	l.SetFallback(local, 1)
+	l := New(Options{Store: rs, Prefix: "rg", Rules: failoverRules(), Fallback: local, LocalShare: 1, FailureMode: FailLocal})
 	stalls := startStallMeter()
 	ld := startLoad(t, l, 4)
 	time.Sleep(300 * time.Millisecond)

@@ -1,4 +1,4 @@
-package admin
+package limits
 
 import (
 	"context"
@@ -7,13 +7,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
-
-	"github.com/rategate/rategate/limits"
 )
 
 // RedisResets carries key resets between rategate instances, so that a key
 // reset through one instance's admin API is also forgotten by every other
-// instance's deny cache (limits.DenyCache): it publishes the reset key on the
+// instance's deny cache (DenyCache): it publishes the reset key on the
 // pub/sub channel <prefix>:resets and applies what it hears there.
 //
 // A message published while an instance's subscription is down is lost, so
@@ -23,7 +21,7 @@ import (
 type RedisResets struct {
 	client  redis.UniversalClient
 	channel string
-	cache   *limits.DenyCache
+	cache   *DenyCache
 	log     zerolog.Logger
 
 	readyOnce sync.Once
@@ -33,13 +31,16 @@ type RedisResets struct {
 // NewRedisResets returns the reset channel of the given key prefix for
 // cache, and makes cache announce its key resets through it. Run must run
 // for the instance to hear the others.
-func NewRedisResets(client redis.UniversalClient, prefix string, cache *limits.DenyCache, log zerolog.Logger) *RedisResets {
+func NewRedisResets(client redis.UniversalClient, prefix string, cache *DenyCache, log zerolog.Logger) *RedisResets {
 	r := &RedisResets{client: client, channel: prefix + ":resets", cache: cache, log: log, ready: make(chan struct{})}
 	cache.SetAnnouncer(r)
 	return r
 }
 
-// AnnounceReset implements limits.ResetAnnouncer: PUBLISH <prefix>:resets key.
+// Ready is closed once the first subscription is in place.
+func (r *RedisResets) Ready() <-chan struct{} { return r.ready }
+
+// AnnounceReset implements ResetAnnouncer: PUBLISH <prefix>:resets key.
 // The publishing instance hears its own message too; forgetting twice is harmless.
 func (r *RedisResets) AnnounceReset(ctx context.Context, key string) error {
 	if err := r.client.Publish(ctx, r.channel, key).Err(); err != nil {

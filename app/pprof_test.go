@@ -1,31 +1,35 @@
-package admin
+package app
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/rategate/rategate/config"
-	"github.com/rategate/rategate/limits"
 )
 
 // TestPprof: the profiles are served only when asked for, and behind the
 // admin token like every other admin path.
 func TestPprof(t *testing.T) {
-	cfg := config.Example()
-	store := limits.NewMemoryStore()
-	t.Cleanup(func() { store.Close() })
-	l := limits.NewLimiter(store, "rg", cfg.Rules)
-	mgr := NewManager(ManagerOptions{Config: cfg, Limiter: l, Overrides: NewMemoryOverrides(), Log: zerolog.Nop()})
-
-	off := serveOn(t, NewServer(ServerOptions{Rules: mgr, Limiter: l, Log: zerolog.Nop()}).Serve)
+	start := func(pprof bool, token string) *fasthttp.HostClient {
+		cfg := config.Example()
+		cfg.Admin.Token = token
+		a, err := New(cfg, Options{Log: zerolog.Nop(), Pprof: pprof})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Close)
+		return serveOn(t, a.AdminHandler())
+	}
+	off := start(false, "")
 	code, body := call(t, off, "GET", "/debug/pprof/heap", "")
 	if code != 404 || !strings.Contains(body, "-pprof") {
 		t.Fatalf("pprof off: %d %s, want 404 naming -pprof", code, body)
 	}
 
-	on := serveOn(t, NewServer(ServerOptions{Rules: mgr, Limiter: l, Log: zerolog.Nop(), Pprof: true, Token: "tok"}).Serve)
+	on := start(true, "tok")
 	if code, _ := call(t, on, "GET", "/debug/pprof/heap", ""); code != 401 {
 		t.Fatalf("pprof without token: %d, want 401", code)
 	}

@@ -1,7 +1,6 @@
-package admin
+package app
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,62 +11,50 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
-	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/metrics"
+	"github.com/rategate/rategate/policy"
+	"github.com/rategate/rategate/top"
 )
 
-// stack is rategate wired in process the way main wires it: limiter,
-// instrumented store, rules manager, handler with the observer, admin API,
-// both on real loopback listeners.
+// stack is rategate wired in process by New, exactly as the binary wires
+// it, with both handlers on real loopback listeners.
 type stack struct {
 	t       *testing.T
-	rules   *Manager
+	app     *App
+	rules   *policy.Manager
 	limiter *limits.Limiter
-	top     *Top
+	top     *top.Top
 	auth    *fasthttp.HostClient
 	admin   *fasthttp.HostClient
 }
 
-// newStack starts a stack over yaml's rules. redisAddr "" = memory store.
+// newStack starts a stack over yaml's rules. redisAddr "" = memory store,
+// anything else = a fresh real redis-server.
 func newStack(t *testing.T, yaml, redisAddr string) *stack {
 	t.Helper()
 	cfg, err := config.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := metrics.New()
-	var store limits.Store
-	var ovs OverrideStore = NewMemoryOverrides()
-	top := NewTop()
-	prefix := uniquePrefix(t)
+	cfg.Redis.KeyPrefix = uniquePrefix(t)
 	if redisAddr != "" {
-		rs := testredis.Start(t)
-		client := rs.Client(t)
-		rstore, err := limits.NewRedisStore(client, "redis")
-		if err != nil {
-			t.Fatal(err)
-		}
-		store = rstore
-		ovs = NewRedisOverrides(client, prefix)
-		top.SetShared(client, prefix)
-	} else {
-		ms := limits.NewMemoryStore()
-		t.Cleanup(func() { ms.Close() })
-		store = ms
+		cfg.Redis.URL = "redis://" + testredis.Start(t).Addr + "/0"
 	}
-	store = metrics.InstrumentStore(store, m)
-	l := limits.NewLimiter(store, prefix, cfg.Rules)
-	mgr := NewManager(ManagerOptions{Config: cfg, Limiter: l, Metrics: m, Overrides: ovs, Log: zerolog.Nop()})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go mgr.Run(ctx)
-	h := handler.New(l, store, handler.Options{Observer: Observer{Metrics: m, Top: top}})
-	srv := NewServer(ServerOptions{Rules: mgr, Limiter: l, Store: store, Metrics: m, Top: top, Log: zerolog.Nop()})
-	return &stack{t: t, rules: mgr, limiter: l, top: top,
-		auth: serveOn(t, h.Serve), admin: serveOn(t, srv.Serve)}
+	a, err := New(cfg, Options{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return &stack{t: t, app: a, rules: a.Rules(), limiter: a.Limiter(), top: a.Top(),
+		auth: serveOn(t, a.Handler()), admin: serveOn(t, a.AdminHandler())}
+}
+
+// uniquePrefix returns a Redis key prefix of its own for a test.
+func uniquePrefix(t testing.TB) string {
+	return fmt.Sprintf("t%d", time.Now().UnixNano()%1_000_000_000)
 }
 
 func serveOn(t *testing.T, h fasthttp.RequestHandler) *fasthttp.HostClient {
@@ -162,7 +149,7 @@ func TestKeysAndTopEveryAlgorithm(t *testing.T) {
 					s.ask(other...)
 				}
 				uri := "/v1/keys/r?ip=192.0.2.7&header.X-Plan=free"
-				var k1, k2 KeyView
+				var k1, k2 admin.KeyView
 				s.api("GET", uri, "", 200, &k1)
 				s.api("GET", uri, "", 200, &k2)
 				wantKey := fmt.Sprintf("%s:{r:192.0.2.7|free}:%s", s.limiter.Prefix(), alg.Suffix())
@@ -180,17 +167,17 @@ func TestKeysAndTopEveryAlgorithm(t *testing.T) {
 					t.Fatalf("inspecting consumed or changed state: %+v then %+v", k1.Raw, k2.Raw)
 				}
 
-				var top TopView
-				s.api("GET", "/v1/top?rule=r&minutes=1", "", 200, &top)
-				if len(top.Rules) != 1 || len(top.Rules[0].Top) != 2 {
-					t.Fatalf("top: %+v", top)
+				var tv top.TopView
+				s.api("GET", "/v1/top?rule=r&minutes=1", "", 200, &tv)
+				if len(tv.Rules) != 1 || len(tv.Rules[0].Top) != 2 {
+					t.Fatalf("top: %+v", tv)
 				}
-				first, second := top.Rules[0].Top[0], top.Rules[0].Top[1]
+				first, second := tv.Rules[0].Top[0], tv.Rules[0].Top[1]
 				if first.Identity != "192.0.2.7|free" || first.Denied != 2 || second.Identity != "192.0.2.8|free" || second.Denied != 1 {
-					t.Fatalf("top: %+v", top.Rules[0].Top)
+					t.Fatalf("top: %+v", tv.Rules[0].Top)
 				}
 
-				var reset KeyView
+				var reset admin.KeyView
 				s.api("DELETE", uri, "", 200, &reset)
 				if !reset.Reset || reset.Remaining != 3 || reset.Raw == nil || reset.Raw.Type != "none" {
 					t.Fatalf("after reset: %+v", reset)
@@ -220,7 +207,7 @@ func TestShadowNeverDenies(t *testing.T) {
 						t.Fatalf("request %d under a shadow rule: %d, want 204", i+1, got)
 					}
 				}
-				var k KeyView
+				var k admin.KeyView
 				s.api("GET", "/v1/keys/r?ip=192.0.2.7&header.X-Plan=p", "", 200, &k)
 				if k.Remaining != 0 {
 					t.Fatalf("remaining %d, want 0 (3 consumed, 17 would-deny consumed nothing)", k.Remaining)
@@ -261,9 +248,9 @@ func TestOverrideKeepsStateSound(t *testing.T) {
 				for i := 0; i < 3; i++ {
 					s.ask(hdr...)
 				}
-				inspect := func() KeyView {
+				inspect := func() admin.KeyView {
 					t.Helper()
-					var k KeyView
+					var k admin.KeyView
 					s.api("GET", "/v1/keys/r?ip=192.0.2.9&header.X-Plan=p", "", 200, &k)
 					if k.Remaining < 0 || k.Remaining > k.Burst {
 						t.Fatalf("remaining %d outside [0, %d]", k.Remaining, k.Burst)
@@ -358,7 +345,7 @@ func TestOverrideAPI(t *testing.T) {
 	}
 	for _, c := range bad {
 		code, out := call(t, s.admin, "PUT", "/v1/rules/"+c.rule+"/override", c.body)
-		var e apiError
+		var e admin.APIError
 		_ = json.Unmarshal([]byte(out), &e)
 		msg := strings.Join(append(e.Errors, e.Error), "\n")
 		if code != 400 || !strings.Contains(strings.ReplaceAll(msg, ":", ""), strings.ReplaceAll(c.want, ":", "")) {
@@ -372,13 +359,13 @@ func TestOverrideAPI(t *testing.T) {
 		t.Errorf("GET override: %d, want 405", code)
 	}
 
-	var rv RuleView
+	var rv policy.RuleView
 	s.api("PUT", "/v1/rules/g/override", `{"limit":200,"factor":1.5,"reason":"sale","ttl":"1h"}`, 200, &rv)
 	if rv.File.Limit != 100 || rv.File.Burst != 50 || rv.Effective.Limit != 300 || rv.Effective.Burst != 150 ||
 		rv.Override == nil || rv.Override.Reason != "sale" || rv.Override.ExpiresAt == nil {
 		t.Fatalf("override view: %+v", rv)
 	}
-	var view RulesView
+	var view policy.RulesView
 	s.api("GET", "/v1/rules", "", 200, &view)
 	if len(view.Rules) != 2 || view.Rules[0].Effective.Limit != 300 || view.Rules[1].Override != nil || view.OverridesShared {
 		t.Fatalf("rules view: %+v", view)
@@ -426,45 +413,9 @@ rules:
 	if code, _ := call(t, s.admin, "GET", "/v1/keys/nope?ip=192.0.2.1", ""); code != 404 {
 		t.Errorf("unknown rule: %d, want 404", code)
 	}
-	var k KeyView
+	var k admin.KeyView
 	s.api("GET", "/v1/keys/multi?ip=192.0.2.1&user=alice&route=/a/../b&method=get&host=API.example.com&header.x-plan=gold", "", 200, &k)
 	if want := s.limiter.Prefix() + ":{multi:192.0.2.1|alice|/b|GET|api.example.com|gold}:fw"; k.Key != want {
 		t.Fatalf("key %q, want %q", k.Key, want)
-	}
-}
-
-// TestApplyArithmetic: factors are exact on the decimal written, the burst
-// keeps its ratio to the limit unless given, window algorithms keep burst
-// equal to limit.
-func TestApplyArithmetic(t *testing.T) {
-	g := &limits.Rule{Name: "g", Algorithm: limits.GCRA, Limit: 100, Period: time.Minute, Burst: 50, Cost: 1}
-	w := &limits.Rule{Name: "w", Algorithm: limits.FixedWindow, Limit: 100, Period: time.Minute, Burst: 100, Cost: 1}
-	for _, c := range []struct {
-		r            *limits.Rule
-		o            Override
-		limit, burst int64
-		period       time.Duration
-	}{
-		{g, Override{Factor: 0.29}, 29, 14, time.Minute},
-		{g, Override{Factor: 1.5}, 150, 75, time.Minute},
-		{g, Override{Limit: 200}, 200, 100, time.Minute},
-		{g, Override{Limit: 200, Burst: 7}, 200, 7, time.Minute},
-		{g, Override{Limit: 200, Factor: 0.5}, 100, 50, time.Minute},
-		{g, Override{Period: Duration(time.Hour)}, 100, 50, time.Hour},
-		{g, Override{Factor: 0.001}, 1, 1, time.Minute},
-		{w, Override{Factor: 0.29}, 29, 29, time.Minute},
-		{w, Override{Limit: 7}, 7, 7, time.Minute},
-	} {
-		e, err := Apply(c.r, &c.o)
-		if err != nil {
-			t.Errorf("%s %+v: %v", c.r.Name, c.o, err)
-			continue
-		}
-		if e.Limit != c.limit || e.Burst != c.burst || e.Period != c.period {
-			t.Errorf("%s %+v: limit %d burst %d period %v, want %d %d %v", c.r.Name, c.o, e.Limit, e.Burst, e.Period, c.limit, c.burst, c.period)
-		}
-		if c.r.Limit != 100 {
-			t.Fatal("Apply modified the file's rule")
-		}
 	}
 }

@@ -1,4 +1,7 @@
-package admin
+// Package top keeps the identities denied most, per rule: a Space-Saving
+// sketch per rule and minute in fixed memory, merged across instances
+// through a shared store when there is one (the Redis store's).
+package top
 
 import (
 	"context"
@@ -11,8 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The top-denied sketch: for each rule, one Space-Saving summary per minute
@@ -54,8 +55,20 @@ type ruleSketch struct {
 	minutes [TopMinutes]minuteSketch
 }
 
+// Shared is where instances publish their summaries and read the others'.
+// The Redis store implements it (hashes <prefix>:top:<rule>, field =
+// instance).
+type Shared interface {
+	// Publish stores one instance's summaries of one rule, kept for ttl.
+	Publish(ctx context.Context, rule, instance string, summary []byte, ttl time.Duration) error
+	// Load returns every instance's summaries of one rule.
+	Load(ctx context.Context, rule string) (map[string]string, error)
+	// Rules lists the rules some instance published, at most max.
+	Rules(ctx context.Context, max int) ([]string, error)
+}
+
 // Top tracks the identities denied most, per rule. It is safe for
-// concurrent use. With a Redis client (SetShared) every instance publishes
+// concurrent use. With a shared store (SetShared) every instance publishes
 // its summaries and Query merges the whole fleet's.
 type Top struct {
 	now      func() time.Time
@@ -63,12 +76,11 @@ type Top struct {
 	rules    atomic.Pointer[map[string]*ruleSketch]
 	instance string
 
-	client redis.UniversalClient // nil: this instance only
-	prefix string
+	shared Shared // nil: this instance only
 }
 
-// NewTop returns an empty sketch.
-func NewTop() *Top {
+// New returns an empty sketch.
+func New() *Top {
 	host, _ := os.Hostname()
 	t := &Top{
 		now:      time.Now,
@@ -79,15 +91,11 @@ func NewTop() *Top {
 	return t
 }
 
-// SetShared makes Top publish to and merge from Redis hashes
-// <prefix>:top:<rule> (field = instance, value = that instance's summaries).
-// Call before use.
-func (t *Top) SetShared(client redis.UniversalClient, prefix string) {
-	t.client, t.prefix = client, prefix
-}
+// SetShared makes Top publish to and merge from s. Call before use.
+func (t *Top) SetShared(s Shared) { t.shared = s }
 
-// Shared reports whether Query merges every instance's denials.
-func (t *Top) Shared() bool { return t.client != nil }
+// IsShared reports whether Query merges every instance's denials.
+func (t *Top) IsShared() bool { return t.shared != nil }
 
 func (t *Top) sketch(rule string, create bool) *ruleSketch {
 	if s := (*t.rules.Load())[rule]; s != nil || !create {
@@ -192,13 +200,10 @@ func (t *Top) ruleNames() []string {
 	return names
 }
 
-func (t *Top) redisKey(rule string) string { return t.prefix + ":top:" + rule }
-
-// Publish writes this instance's summaries of the last TopMinutes to Redis
-// (one hash field per instance, the hash expiring after TopMinutes+1
-// minutes). A no-op without a Redis client.
+// Publish hands this instance's summaries of the last TopMinutes to the
+// shared store, kept TopMinutes+1 minutes. A no-op without one.
 func (t *Top) Publish(ctx context.Context) error {
-	if t.client == nil {
+	if t.shared == nil {
 		return nil
 	}
 	now := t.now()
@@ -213,14 +218,8 @@ func (t *Top) Publish(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		key := t.redisKey(rule)
-		_, err = t.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.HSet(ctx, key, t.instance, b)
-			p.Expire(ctx, key, (TopMinutes+1)*time.Minute)
-			return nil
-		})
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("publish top-denied summary to %s: %w", key, err)
+		if err := t.shared.Publish(ctx, rule, t.instance, b, (TopMinutes+1)*time.Minute); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("publish the top-denied summary of rule %q: %w", rule, err)
 		}
 	}
 	return firstErr
@@ -229,7 +228,7 @@ func (t *Top) Publish(ctx context.Context) error {
 // RunPublisher publishes every TopPublishEvery until ctx ends; failed
 // publications are reported to failed.
 func (t *Top) RunPublisher(ctx context.Context, failed func()) {
-	if t.client == nil {
+	if t.shared == nil {
 		return
 	}
 	tk := time.NewTicker(TopPublishEvery)
@@ -286,15 +285,15 @@ func (t *Top) Query(ctx context.Context, rules []string, minutes, n int) (TopVie
 	now := t.now()
 	from := now.Unix()/60 - int64(minutes) + 1
 	v := TopView{Minutes: minutes, Scope: "instance", Instances: 1}
-	if t.client != nil {
+	if t.shared != nil {
 		v.Scope = "fleet"
 	}
 	instances := map[string]bool{t.instance: true}
 	var remote map[string]map[string]string
-	if t.client != nil {
+	if t.shared != nil {
 		if len(rules) == 0 {
-			// Rules denied elsewhere but not here: find them by key pattern.
-			found, err := t.remoteRules(ctx)
+			// Rules denied elsewhere but not here.
+			found, err := t.shared.Rules(ctx, 10*TopMaxRules)
 			if err != nil {
 				return TopView{}, err
 			}
@@ -302,9 +301,9 @@ func (t *Top) Query(ctx context.Context, rules []string, minutes, n int) (TopVie
 		}
 		remote = map[string]map[string]string{}
 		for _, r := range rules {
-			m, err := t.client.HGetAll(ctx, t.redisKey(r)).Result()
+			m, err := t.shared.Load(ctx, r)
 			if err != nil {
-				return TopView{}, fmt.Errorf("read top-denied summaries from %s: %w", t.redisKey(r), err)
+				return TopView{}, fmt.Errorf("read the top-denied summaries of rule %q: %w", r, err)
 			}
 			remote[r] = m
 		}
@@ -360,29 +359,6 @@ func (t *Top) Query(ctx context.Context, rules []string, minutes, n int) (TopVie
 	return v, nil
 }
 
-// remoteRules lists the rules with a published summary (SCAN, bounded).
-func (t *Top) remoteRules(ctx context.Context) ([]string, error) {
-	pattern := t.prefix + ":top:*"
-	var names []string
-	collect := func(ctx context.Context, c redis.UniversalClient) error {
-		iter := c.Scan(ctx, 0, pattern, 100).Iterator()
-		for i := 0; i < 10*TopMaxRules && iter.Next(ctx); i++ {
-			names = append(names, strings.TrimPrefix(iter.Val(), t.prefix+":top:"))
-		}
-		return iter.Err()
-	}
-	if cc, ok := t.client.(*redis.ClusterClient); ok {
-		var mu sync.Mutex
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return collect(ctx, c)
-		})
-		return names, err
-	}
-	return names, collect(ctx, t.client)
-}
-
 func union(a, b []string) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -406,8 +382,8 @@ func identityOf(rule, key string) string {
 	return key[open+len(rule)+2 : end]
 }
 
-// minutesParam parses ?minutes=, default TopMinutes.
-func minutesParam(s string) (int, error) {
+// MinutesParam parses ?minutes=, default TopMinutes.
+func MinutesParam(s string) (int, error) {
 	if s == "" {
 		return TopMinutes, nil
 	}

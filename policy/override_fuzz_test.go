@@ -1,4 +1,4 @@
-package admin
+package policy
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package admin
+package main
 
 import (
 	"encoding/json"
@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/internal/testredis"
+
+	"github.com/rategate/rategate/top"
 )
 
 // overrideConfig: one exact rule (sliding_log has no window boundary, so
@@ -66,7 +68,7 @@ func TestOverrideAcrossProcesses(t *testing.T) {
 	// top merges both processes' denials through Redis (each publishes
 	// every 2 s): one denial on each.
 	within(t, 5*time.Second, "top merged across instances", func() error {
-		var v TopView
+		var v top.TopView
 		if err := json.Unmarshal([]byte(a.api("GET", "/v1/top?rule=per-user", "", 200)), &v); err != nil {
 			return err
 		}
@@ -417,10 +419,18 @@ func TestAdminToken(t *testing.T) {
 		}
 	}
 	// A Basic header or the bare token is not the bearer token either.
-	for _, h := range []string{"s3cr3t", "Basic s3cr3t", "Bearer  s3cr3t", "bearer s3cr3t"} {
+	for _, h := range []string{"s3cr3t", "Basic s3cr3t", "Bearer", "Bearer s3cr3", "Bearers3cr3t", "Bearer s3cr3t x"} {
 		req := "GET /v1/rules HTTP/1.1\r\nHost: x\r\nAuthorization: " + h + "\r\nConnection: close\r\n\r\n"
 		if code := rawStatus(t, p.admin, req); code != 401 {
 			t.Errorf("Authorization %q: %d, want 401", h, code)
+		}
+	}
+	// The scheme is case-insensitive (RFC 9110 section 11.1), and spaces
+	// around the token are not part of it.
+	for _, h := range []string{"bearer s3cr3t", "BEARER s3cr3t", "Bearer  s3cr3t", "Bearer s3cr3t "} {
+		req := "GET /v1/rules HTTP/1.1\r\nHost: x\r\nAuthorization: " + h + "\r\nConnection: close\r\n\r\n"
+		if code := rawStatus(t, p.admin, req); code != 200 {
+			t.Errorf("Authorization %q: %d, want 200", h, code)
 		}
 	}
 	// With the token, everything answers.

@@ -1,4 +1,6 @@
-package admin
+// Package admincli is `rategate admin`: the command-line client of the
+// admin API (rules, overrides, keys, top, reload).
+package admincli
 
 import (
 	"bytes"
@@ -10,14 +12,18 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/policy"
+	"github.com/rategate/rategate/top"
 )
 
 // CLI exit codes.
@@ -48,8 +54,8 @@ Exit status: 0 done, 1 the server refused or could not be reached (its message
 is printed), 2 usage error.
 `
 
-// RunCLI runs `rategate admin ARGS` and returns the exit status.
-func RunCLI(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+// Run runs `rategate admin ARGS` and returns the exit status.
+func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rategate admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, cliUsageText) }
@@ -58,13 +64,24 @@ func RunCLI(args []string, getenv func(string) string, stdout, stderr io.Writer)
 	cfgPath := fs.String("config", "", "read admin.listen and admin.token from this config `file`")
 	asJSON := fs.Bool("json", false, "print the server's JSON instead of a table")
 	timeout := fs.Duration("timeout", 10*time.Second, "request timeout")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return cliOK
+	// Flags may come before or after the command and its arguments
+	// ("rategate admin rules -json"): parse, take one positional, repeat.
+	var pos []string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return cliOK
+			}
+			return cliUsage
 		}
-		return cliUsage
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
 	}
-	if fs.NArg() == 0 {
+	if len(pos) == 0 {
 		fs.Usage()
 		return cliUsage
 	}
@@ -93,7 +110,7 @@ func RunCLI(args []string, getenv func(string) string, stdout, stderr io.Writer)
 	}
 	c := &client{base: "http://" + dialable(a), token: t, json: *asJSON, out: stdout, errOut: stderr,
 		http: &http.Client{Timeout: *timeout}}
-	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	cmd, rest := pos[0], pos[1:]
 	switch cmd {
 	case "rules":
 		return c.rules(rest)
@@ -136,7 +153,7 @@ type client struct {
 
 // call sends one request. On an error answer it prints the server's message
 // (and its list of problems) to stderr and returns false.
-func (c *client) call(method, path string, query url.Values, body []byte, into any) bool {
+func (c *client) call(method, path string, query url.Values, body []byte, into any, accept ...int) bool {
 	u := c.base + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
@@ -167,8 +184,8 @@ func (c *client) call(method, path string, query url.Values, body []byte, into a
 		fmt.Fprintln(c.errOut, "rategate admin: read answer:", err)
 		return false
 	}
-	if resp.StatusCode >= 300 {
-		var e apiError
+	if resp.StatusCode >= 300 && !slices.Contains(accept, resp.StatusCode) {
+		var e admin.APIError
 		if json.Unmarshal(data, &e) == nil && e.Error != "" {
 			fmt.Fprintf(c.errOut, "rategate admin: %s (%s)\n", e.Error, resp.Status)
 			for _, d := range e.Errors {
@@ -208,7 +225,7 @@ func (c *client) rules(args []string) int {
 	if len(args) > 0 {
 		return c.usage("rules takes no arguments")
 	}
-	var v RulesView
+	var v policy.RulesView
 	if !c.call(http.MethodGet, "/v1/rules", nil, nil, &v) {
 		return cliFailed
 	}
@@ -249,7 +266,7 @@ func (c *client) rules(args []string) int {
 	return cliOK
 }
 
-func describeValues(v Values, alg string) string {
+func describeValues(v policy.Values, alg string) string {
 	s := fmt.Sprintf("%d/%s", v.Limit, config.FormatDuration(time.Duration(v.Period)))
 	if alg == "gcra" || alg == "token_bucket" {
 		s += fmt.Sprintf(" burst %d", v.Burst)
@@ -257,7 +274,7 @@ func describeValues(v Values, alg string) string {
 	return s
 }
 
-func describeOverride(o *Override) string {
+func describeOverride(o *policy.Override) string {
 	var parts []string
 	if o.Limit > 0 {
 		parts = append(parts, fmt.Sprintf("limit=%d", o.Limit))
@@ -312,7 +329,7 @@ func (c *client) override(args []string) int {
 	rule := args[0]
 	path := "/v1/rules/" + url.PathEscape(rule) + "/override"
 	if len(args) == 2 && (args[1] == "clear" || args[1] == "delete" || args[1] == "-clear") {
-		var rv RuleView
+		var rv policy.RuleView
 		if !c.call(http.MethodDelete, path, nil, nil, &rv) {
 			return cliFailed
 		}
@@ -341,7 +358,7 @@ func (c *client) override(args []string) int {
 		body[k] = b
 	}
 	b, _ := json.Marshal(body)
-	var rv RuleView
+	var rv policy.RuleView
 	if !c.call(http.MethodPut, path, nil, b, &rv) {
 		return cliFailed
 	}
@@ -364,7 +381,7 @@ func (c *client) key(args []string, method string) int {
 	for k, v := range kv {
 		q.Set(k, v)
 	}
-	var v KeyView
+	var v admin.KeyView
 	if !c.call(method, "/v1/keys/"+url.PathEscape(args[0]), q, nil, &v) {
 		return cliFailed
 	}
@@ -446,7 +463,7 @@ func (c *client) top(args []string) int {
 		}
 		q.Set("rule", a)
 	}
-	var v TopView
+	var v top.TopView
 	if !c.call(http.MethodGet, "/v1/top", q, nil, &v) {
 		return cliFailed
 	}
@@ -478,8 +495,9 @@ func (c *client) reload(args []string) int {
 	if len(args) > 0 {
 		return c.usage("reload takes no arguments")
 	}
-	var res ReloadResult
-	if !c.call(http.MethodPost, "/v1/reload", nil, nil, &res) {
+	var res admin.ReloadResult
+	// 409 is a partial reload: applied, but some changes need a restart.
+	if !c.call(http.MethodPost, "/v1/reload", nil, nil, &res, http.StatusConflict) {
 		return cliFailed
 	}
 	if !c.json {
@@ -487,12 +505,19 @@ func (c *client) reload(args []string) int {
 		for _, p := range []struct {
 			what  string
 			names []string
-		}{{"added", res.Added}, {"removed", res.Removed}, {"changed", res.Changed}} {
+		}{{"added", res.Added}, {"removed", res.Removed}, {"changed", res.Changed}, {"applied", res.Applied}} {
 			if len(p.names) > 0 {
 				fmt.Fprintf(c.out, "; %s: %s", p.what, strings.Join(p.names, ", "))
 			}
 		}
 		fmt.Fprintln(c.out)
 	}
-	return status(true)
+	if len(res.NeedRestart) > 0 {
+		fmt.Fprintln(c.errOut, "rategate admin: these changes were NOT applied; they take a restart:")
+		for _, f := range res.NeedRestart {
+			fmt.Fprintln(c.errOut, "  "+f)
+		}
+		return cliFailed
+	}
+	return cliOK
 }

@@ -1,5 +1,5 @@
 //go:build race
 
-package admin
+package app
 
 const raceEnabled = true

@@ -1,4 +1,4 @@
-package admin
+package app
 
 import (
 	"context"
@@ -10,11 +10,14 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/metrics"
+	"github.com/rategate/rategate/policy"
+	"github.com/rategate/rategate/top"
 )
 
 const denyYAML = `rules:
@@ -25,11 +28,12 @@ const denyYAML = `rules:
     period: 1h
 `
 
-// dcInstance is one rategate instance with a deny cache over a shared Redis.
+// dcInstance is one rategate instance over a shared Redis, wired by New
+// (so with a deny cache).
 type dcInstance struct {
+	app     *App
 	limiter *limits.Limiter
 	cache   *limits.DenyCache
-	resets  *RedisResets
 	admin   *fasthttp.HostClient
 }
 
@@ -39,29 +43,23 @@ func newDCInstance(t *testing.T, srv *testredis.Server, prefix string) *dcInstan
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := srv.Client(t)
-	rs, err := limits.NewRedisStore(client, "redis")
+	cfg.Redis.URL = "redis://" + srv.Addr + "/0"
+	cfg.Redis.KeyPrefix = prefix
+	a, err := New(cfg, Options{Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rs.Close() })
-	l := limits.NewLimiter(rs, prefix, cfg.Rules)
-	c := limits.NewDenyCache(1000)
-	if err := l.SetDenyCache(c); err != nil {
-		t.Fatal(err)
-	}
-	mgr := NewManager(ManagerOptions{Config: cfg, Limiter: l, Overrides: NewRedisOverrides(client, prefix), Log: zerolog.Nop()})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	resets := NewRedisResets(client, prefix, c, zerolog.Nop())
-	go resets.Run(ctx)
+	t.Cleanup(a.Close)
 	select {
-	case <-resets.ready:
+	case <-a.resets.Ready():
 	case <-time.After(10 * time.Second):
 		t.Fatal("no subscription to the reset channel within 10 s")
 	}
-	s := NewServer(ServerOptions{Rules: mgr, Limiter: l, Log: zerolog.Nop()})
-	return &dcInstance{limiter: l, cache: c, resets: resets, admin: serveOn(t, s.Serve)}
+	l := a.Limiter()
+	if l.DenyCache() == nil {
+		t.Fatal("no deny cache on a single Redis")
+	}
+	return &dcInstance{app: a, limiter: l, cache: l.DenyCache(), admin: serveOn(t, a.AdminHandler())}
 }
 
 func (in *dcInstance) decide(t *testing.T, ip string) limits.Decision {
@@ -176,12 +174,9 @@ func TestDenyCacheClearedAfterClamp(t *testing.T) {
 	mem := limits.NewMemoryStore()
 	defer mem.Close()
 	g := &clampGate{MemoryStore: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	l := limits.NewLimiter(g, "rg", cfg.Rules)
 	c := limits.NewDenyCache(100)
-	if err := l.SetDenyCache(c); err != nil {
-		t.Fatal(err)
-	}
-	mgr := NewManager(ManagerOptions{Config: cfg, Limiter: l, Log: zerolog.Nop()})
+	l := limits.New(limits.Options{Store: g, Prefix: "rg", Rules: cfg.Rules, DenyCache: c})
+	mgr := policy.NewManager(policy.ManagerOptions{Config: cfg, Limiter: l, Clamper: g, Log: zerolog.Nop()})
 	ask := func() limits.Decision {
 		var d limits.Decision
 		if err := l.Decide(context.Background(), &limits.Request{IP: []byte("192.0.2.7")}, &d); err != nil {
@@ -220,20 +215,18 @@ func TestDenyCacheMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The parts New wires for Redis, over a memory store: a limiter with a
+	// deny cache and the metrics as its store observer.
 	m := metrics.New()
 	mem := limits.NewMemoryStore()
 	defer mem.Close()
-	store := metrics.InstrumentStore(mem, m)
-	l := limits.NewLimiter(store, "rg", cfg.Rules)
 	c := limits.NewDenyCache(1000)
-	if err := l.SetDenyCache(c); err != nil {
-		t.Fatal(err)
-	}
+	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})
 	m.ObserveDenyCache(c)
-	mgr := NewManager(ManagerOptions{Config: cfg, Limiter: l, Metrics: m, Log: zerolog.Nop()})
-	h := handler.New(l, store, handler.Options{Observer: Observer{Metrics: m, Top: NewTop()}})
+	mgr := policy.NewManager(policy.ManagerOptions{Config: cfg, Limiter: l, Metrics: m, Log: zerolog.Nop()})
+	h := handler.New(l, l, handler.Options{Observer: observer{metrics: m, top: top.New()}})
 	auth := serveOn(t, h.Serve)
-	admin := serveOn(t, NewServer(ServerOptions{Rules: mgr, Limiter: l, Store: store, Metrics: m, Log: zerolog.Nop()}).Serve)
+	adminSrv := serveOn(t, admin.NewServer(admin.ServerOptions{Rules: mgr, Limiter: l, Metrics: m, Log: zerolog.Nop()}).Serve)
 
 	ask := func(ip string) *fasthttp.Response {
 		req, resp := fasthttp.AcquireRequest(), &fasthttp.Response{}
@@ -264,7 +257,7 @@ func TestDenyCacheMetrics(t *testing.T) {
 	ask("192.0.2.8")
 	ask("192.0.2.8")
 
-	_, body := call(t, admin, "GET", "/metrics", "")
+	_, body := call(t, adminSrv, "GET", "/metrics", "")
 	for _, want := range []string{
 		`rategate_deny_cache_decisions_total{rule="per-ip"} 2`,
 		`rategate_decisions_total{rule="per-ip",decision="limited"} 4`,
@@ -303,14 +296,11 @@ func TestDenyCacheObservedAllocs(t *testing.T) {
 	m := metrics.New()
 	mem := limits.NewMemoryStore()
 	defer mem.Close()
-	l := limits.NewLimiter(metrics.InstrumentStore(mem, m), "rg", cfg.Rules)
 	c := limits.NewDenyCache(100)
-	if err := l.SetDenyCache(c); err != nil {
-		t.Fatal(err)
-	}
+	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})
 	m.ObserveDenyCache(c)
 	m.SetRules([]metrics.RuleInfo{{Name: "per-ip"}})
-	obs := Observer{Metrics: m, Top: NewTop()}
+	obs := observer{metrics: m, top: top.New()}
 	req := &limits.Request{IP: []byte("192.0.2.7")}
 	var d limits.Decision
 	ctx := context.Background()

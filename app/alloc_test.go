@@ -1,4 +1,4 @@
-package admin
+package app
 
 import (
 	"testing"
@@ -9,10 +9,12 @@ import (
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/metrics"
+	"github.com/rategate/rategate/top"
 )
 
 // observedAllocs is handler/alloc_test.go's allowedAllocs (9: measured 7
-// plus 2): metrics, the instrumented store and the observer must add none.
+// plus 2): metrics as the store observer and the handler's observer must
+// add none.
 const observedAllocs = 9
 
 // TestObservedAuthAllocs: an allowed and a denied /auth request, observed
@@ -25,15 +27,13 @@ func TestObservedAuthAllocs(t *testing.T) {
 	m := metrics.New()
 	mem := limits.NewMemoryStore()
 	defer mem.Close()
-	store := metrics.InstrumentStore(mem, m)
 	rules := []*limits.Rule{
 		{Name: "per-ip", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow, Limit: 1 << 40, Period: time.Minute, Burst: 1 << 40, Cost: 1},
 		{Name: "shadow", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow, Limit: 1, Period: time.Minute, Burst: 1, Cost: 1, Shadow: true},
 	}
-	l := limits.NewLimiter(store, "rg", rules)
+	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: rules, Observer: m})
 	m.SetRules([]metrics.RuleInfo{{Name: "per-ip"}, {Name: "shadow"}})
-	top := NewTop()
-	h := handler.New(l, store, handler.Options{Observer: Observer{Metrics: m, Top: top}})
+	h := handler.New(l, l, handler.Options{Observer: observer{metrics: m, top: top.New()}})
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI("/auth")
 	ctx.Request.Header.Set("X-Original-URI", "/api/v1/items?page=2")
@@ -42,7 +42,8 @@ func TestObservedAuthAllocs(t *testing.T) {
 		ctx.Response.Reset()
 		h.Serve(&ctx)
 	}
-	h0 := handler.New(l, mem, handler.Options{})
+	l0 := limits.NewLimiter(mem, "rg", rules)
+	h0 := handler.New(l0, l0, handler.Options{})
 	var c0 fasthttp.RequestCtx
 	ctx.Request.CopyTo(&c0.Request)
 	base := testing.AllocsPerRun(2000, func() { c0.Response.Reset(); h0.Serve(&c0) })

@@ -1,4 +1,4 @@
-package admin
+package main
 
 // Helpers of the multi-process tests: the rategate binary is built once per
 // test run, and each test starts real processes on loopback ports against a
@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/policy"
 )
 
 var (
@@ -45,7 +46,7 @@ func rategateBin(t testing.TB) string {
 			goBin = "go"
 		}
 		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/rategate/rategate")
-		cmd.Dir = ".."
+		cmd.Dir = "."
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -250,16 +251,16 @@ func (p *proc) auth(kv ...string) int {
 }
 
 // rules returns GET /v1/rules.
-func (p *proc) rules() RulesView {
+func (p *proc) rules() policy.RulesView {
 	p.t.Helper()
-	var v RulesView
+	var v policy.RulesView
 	if err := json.Unmarshal([]byte(p.api("GET", "/v1/rules", "", 200)), &v); err != nil {
 		p.t.Fatal(err)
 	}
 	return v
 }
 
-func effectiveLimit(v RulesView, rule string) int64 {
+func effectiveLimit(v policy.RulesView, rule string) int64 {
 	for _, r := range v.Rules {
 		if r.Name == rule {
 			return r.Effective.Limit

@@ -1,4 +1,4 @@
-package admin
+package main
 
 import (
 	"bufio"
@@ -206,15 +206,16 @@ func TestMetricsExact(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"rategate_redis_ops_per_second", "rategate_redis_evicted_keys_total", "rategate_redis_expired_keys_total",
-		"process_cpu_seconds_total", "go_gc_cycles_total"} {
+		"process_cpu_seconds_total", "go_gc_cpu_seconds_total", "go_threads"} {
 		if got := value(m, name); got < 0 {
 			t.Errorf("%s missing", name)
 		}
 	}
 
-	// Redis gone: failure_mode allow answers, counted by mode and error
-	// kind. go-redis retries a refused dial within the 50 ms budget, so
-	// the error is the deadline (timeout) or the refusal (connection).
+	// Redis gone: while the breaker is still closed (one failure), the
+	// request is decided by the local fallback, whatever failure_mode
+	// says; counted by reason and error kind. The error is the deadline
+	// (timeout) or the refusal (connection).
 	rs.Stop()
 	want(204, "X-Original-URI", "/login", "X-Real-IP", "192.0.2.20")
 	m = p.scrape()
@@ -223,8 +224,9 @@ func TestMetricsExact(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{"rategate_failure_mode_decisions_total", []string{"mode", "allow"}, 1},
-		{"rategate_requests_total", []string{"outcome", "unavailable"}, 1},
+		{"rategate_local_decisions_total", []string{"reason", "call_failed"}, 1},
+		{"rategate_failure_mode_decisions_total", []string{"mode", "allow"}, 0},
+		{"rategate_requests_total", []string{"outcome", "unavailable"}, 0},
 		{"rategate_store_errors_total", []string{"op", "decide", "kind", "script"}, 0},
 		{"rategate_store_errors_total", []string{"op", "decide", "kind", "cluster"}, 0},
 		{"rategate_store_errors_total", []string{"op", "decide", "kind", "other"}, 0},

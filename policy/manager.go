@@ -1,4 +1,8 @@
-package admin
+// Package policy owns the rules in force at run time: the config file's
+// rules with the runtime overrides applied, kept in sync across instances
+// through a shared override store, and swapped into the limiter at once on
+// every change. It also watches the config file.
+package policy
 
 import (
 	"context"
@@ -23,9 +27,6 @@ import (
 // an announcement still applies a change within a second.
 const DefaultSyncEvery = 500 * time.Millisecond
 
-// ErrNoConfigFile is Reload's error when rategate runs the built-in policy.
-var ErrNoConfigFile = errors.New("no config file in use (rategate runs the built-in example policy); start it with -config FILE to reload")
-
 // ErrUnknownRule is returned for a rule name that is not in the config file.
 var ErrUnknownRule = errors.New("no such rule")
 
@@ -35,16 +36,15 @@ var ErrUnknownRule = errors.New("no such rule")
 // into the limiter at once, so no request sees half of the old rules and
 // half of the new ones.
 type Manager struct {
-	path      string
 	limiter   *limits.Limiter
-	metrics   *metrics.Metrics
+	metrics   Observer
 	log       zerolog.Logger
 	store     OverrideStore
+	clamper   limits.GCRAClamper
 	syncEvery time.Duration
 	now       func() time.Time
 
-	reloadMu sync.Mutex // one reload at a time
-	clamps   sync.WaitGroup
+	clamps sync.WaitGroup
 
 	mu       sync.Mutex // guards everything below
 	file     []*limits.Rule
@@ -59,19 +59,30 @@ type Manager struct {
 	view atomic.Pointer[RulesView]
 }
 
+// Observer receives what the manager does, for metrics; *metrics.Metrics
+// implements it.
+type Observer interface {
+	// SetRules is told the effective rules after every change.
+	SetRules([]metrics.RuleInfo)
+	// OverrideSyncFailed counts a failed read of the shared overrides.
+	OverrideSyncFailed()
+}
+
 // ManagerOptions configures NewManager.
 type ManagerOptions struct {
-	// Path is the config file; "" when running the built-in policy.
-	Path string
-	// Config is the configuration already loaded from Path.
+	// Config is the configuration loaded at start (its rules and source).
 	Config *config.Config
 	// Limiter receives the effective rules.
 	Limiter *limits.Limiter
-	// Metrics, when set, receives the rule gauges and reload counts.
-	Metrics *metrics.Metrics
-	// Overrides stores the runtime overrides (RedisOverrides or MemoryOverrides).
+	// Metrics, when set, receives the rule gauges and sync failures.
+	Metrics Observer
+	// Overrides stores the runtime overrides (the Redis store's, or
+	// MemoryOverrides).
 	Overrides OverrideStore
-	Log       zerolog.Logger
+	// Clamper, when set, caps the stored state of gcra keys whose rule's
+	// tolerance shrank (the store's ClampGCRA).
+	Clamper limits.GCRAClamper
+	Log     zerolog.Logger
 	// SyncEvery is the periodic re-read of the overrides (DefaultSyncEvery).
 	SyncEvery time.Duration
 }
@@ -81,11 +92,11 @@ type ManagerOptions struct {
 // answer, the file's rules apply until Run's next re-read succeeds.
 func NewManager(opts ManagerOptions) *Manager {
 	m := &Manager{
-		path:      opts.Path,
 		limiter:   opts.Limiter,
 		metrics:   opts.Metrics,
 		log:       opts.Log,
 		store:     opts.Overrides,
+		clamper:   opts.Clamper,
 		syncEvery: opts.SyncEvery,
 		now:       time.Now,
 		file:      opts.Config.Rules,
@@ -278,7 +289,7 @@ func (m *Manager) clampShrunk(prev, next []*limits.Rule) {
 		if p == nil || !limits.ToleranceShrank(p, r) {
 			continue
 		}
-		c := clamperOf(m.limiter.Store())
+		c := m.clamper
 		if c == nil {
 			return
 		}
@@ -303,21 +314,6 @@ func (m *Manager) clampShrunk(prev, next []*limits.Rule) {
 	}
 }
 
-// clamperOf finds a GCRAClamper in a chain of store wrappers.
-func clamperOf(s limits.Store) limits.GCRAClamper {
-	for i := 0; s != nil && i < 8; i++ {
-		if c, ok := s.(limits.GCRAClamper); ok {
-			return c
-		}
-		u, ok := s.(interface{ Unwrap() limits.Store })
-		if !ok {
-			return nil
-		}
-		s = u.Unwrap()
-	}
-	return nil
-}
-
 // WaitClamps waits for the background clamps started so far. Tests only.
 func (m *Manager) WaitClamps() { m.clamps.Wait() }
 
@@ -326,7 +322,7 @@ func (m *Manager) View() *RulesView { return m.view.Load() }
 
 // SetOverride validates body (a PUT /v1/rules/{name}/override body) against
 // the file's rule, stores it and applies it. Errors: ErrUnknownRule,
-// fieldErrors (400), or the store's error (503).
+// FieldErrors (400), or the store's error (503).
 func (m *Manager) SetOverride(ctx context.Context, name string, body []byte) (RuleView, error) {
 	o, err := ParseOverride(body, m.now())
 	if err != nil {
@@ -346,7 +342,7 @@ func (m *Manager) SetOverride(ctx context.Context, name string, body []byte) (Ru
 		return RuleView{}, err
 	}
 	if err := m.store.Set(ctx, name, string(b)); err != nil {
-		return RuleView{}, &storeError{err}
+		return RuleView{}, &StoreError{err}
 	}
 	m.gen++
 	m.raw = maps.Clone(m.raw)
@@ -368,7 +364,7 @@ func (m *Manager) DeleteOverride(ctx context.Context, name string) (RuleView, er
 		return RuleView{}, fmt.Errorf("%w %q in %s, and no override stored for it", ErrUnknownRule, name, m.source)
 	}
 	if err := m.store.Delete(ctx, name); err != nil {
-		return RuleView{}, &storeError{err}
+		return RuleView{}, &StoreError{err}
 	}
 	m.gen++
 	m.raw = maps.Clone(m.raw)
@@ -382,60 +378,18 @@ func (m *Manager) DeleteOverride(ctx context.Context, name string) (RuleView, er
 	return m.ruleView(name), nil
 }
 
-// ReloadResult describes a successful reload.
-type ReloadResult struct {
-	Source string `json:"source"`
-	Rules  int    `json:"rules"`
-	// Added, Removed and Changed list rule names by what the reload did.
-	Added   []string `json:"added"`
-	Removed []string `json:"removed"`
-	Changed []string `json:"changed"`
-}
-
-// Reload re-reads the config file and swaps its rules in. An invalid file
-// keeps the running rules; the error is config.Errors with every problem.
-// Only the rules change: the store, listeners and identity settings take a
-// restart.
-func (m *Manager) Reload(trigger string) (ReloadResult, error) {
-	if m.path == "" {
-		return ReloadResult{}, ErrNoConfigFile
-	}
-	m.reloadMu.Lock()
-	defer m.reloadMu.Unlock()
-	cfg, err := config.Load(m.path)
-	if err != nil {
-		if m.metrics != nil {
-			m.metrics.Reloaded(false)
-		}
-		ev := m.log.Error().Str("config", m.path).Str("trigger", trigger)
-		var list config.Errors
-		if errors.As(err, &list) {
-			msgs := make([]string, len(list))
-			for i, e := range list {
-				msgs[i] = e.Error()
-			}
-			ev = ev.Strs("errors", msgs)
-		} else {
-			ev = ev.Strs("errors", []string{err.Error()})
-		}
-		ev.Msg("reload failed: keeping the running rules; fix the file and reload again")
-		return ReloadResult{}, err
-	}
+// SetFile replaces the config file's rules (a reload) and applies the
+// overrides to them, in one swap. It reports the rule names by what the
+// change did to them.
+func (m *Manager) SetFile(rules []*limits.Rule, source string) (added, removed, changed []string) {
 	m.mu.Lock()
-	res := ReloadResult{Source: m.path, Rules: len(cfg.Rules)}
-	res.Added, res.Removed, res.Changed = diffRules(m.file, cfg.Rules)
-	m.file = cfg.Rules
-	m.source = cfg.Source
+	defer m.mu.Unlock()
+	added, removed, changed = diffRules(m.file, rules)
+	m.file = rules
+	m.source = source
 	m.loadedAt = m.now()
 	m.apply()
-	m.mu.Unlock()
-	if m.metrics != nil {
-		m.metrics.Reloaded(true)
-	}
-	m.log.Info().Str("config", m.path).Str("trigger", trigger).Int("rules", res.Rules).
-		Strs("added", res.Added).Strs("removed", res.Removed).Strs("changed", res.Changed).
-		Msg("config reloaded (rules only; redis, listeners and identity settings need a restart)")
-	return res, nil
+	return added, removed, changed
 }
 
 // fileRule returns the config file's rule called name, or nil. m.mu is held.
@@ -459,11 +413,11 @@ func (m *Manager) ruleView(name string) RuleView {
 	return RuleView{Name: name}
 }
 
-// storeError is an override store failure: the admin API answers 503.
-type storeError struct{ err error }
+// StoreError is an override store failure (the admin API answers 503).
+type StoreError struct{ err error }
 
-func (e *storeError) Error() string { return e.err.Error() }
-func (e *storeError) Unwrap() error { return e.err }
+func (e *StoreError) Error() string { return e.err.Error() }
+func (e *StoreError) Unwrap() error { return e.err }
 
 // RulesView is GET /v1/rules: every rule with its file values, override and
 // effective values side by side.

@@ -1,4 +1,4 @@
-package admin
+package policy
 
 import (
 	"bytes"
@@ -13,8 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
@@ -171,16 +169,16 @@ func ParseOverride(body []byte, now time.Time) (Override, error) {
 		errs = append(errs, "body: give at least one of limit, period, burst, factor")
 	}
 	if len(errs) > 0 {
-		return Override{}, fieldErrors(errs)
+		return Override{}, FieldErrors(errs)
 	}
 	o.SetAt = now.UTC()
 	return o, nil
 }
 
-// fieldErrors is every problem with an override, one per field.
-type fieldErrors []string
+// FieldErrors is every problem with an override, one per field (a 400).
+type FieldErrors []string
 
-func (e fieldErrors) Error() string { return strings.Join(e, "; ") }
+func (e FieldErrors) Error() string { return strings.Join(e, "; ") }
 
 func errOr(err error, s string) string {
 	if err != nil {
@@ -213,7 +211,7 @@ func Apply(r *limits.Rule, o *Override) (*limits.Rule, error) {
 	switch {
 	case !r.Algorithm.UsesBurst():
 		if o.Burst > 0 {
-			return nil, fieldErrors{fmt.Sprintf("burst: is only for gcra and token_bucket, not %s", r.Algorithm)}
+			return nil, FieldErrors{fmt.Sprintf("burst: is only for gcra and token_bucket, not %s", r.Algorithm)}
 		}
 		eff.Burst = eff.Limit
 	case o.Burst > 0:
@@ -231,7 +229,7 @@ func Apply(r *limits.Rule, o *Override) (*limits.Rule, error) {
 		}
 	}
 	if err := config.CheckRule(&eff); err != nil {
-		var msgs fieldErrors
+		var msgs FieldErrors
 		var list config.Errors
 		if errors.As(err, &list) {
 			for _, e := range list {
@@ -295,79 +293,6 @@ type OverrideStore interface {
 	// Shared says whether other instances see the same overrides.
 	Shared() bool
 }
-
-// RedisOverrides keeps overrides in the hash <prefix>:overrides (field =
-// rule name, value = JSON) and announces changes on the pub/sub channel of
-// the same name.
-type RedisOverrides struct {
-	client redis.UniversalClient
-	key    string
-}
-
-// NewRedisOverrides returns the override store of the given key prefix.
-func NewRedisOverrides(client redis.UniversalClient, prefix string) *RedisOverrides {
-	return &RedisOverrides{client: client, key: prefix + ":overrides"}
-}
-
-// Key returns the hash key (also the channel name).
-func (s *RedisOverrides) Key() string { return s.key }
-
-// Load implements OverrideStore.
-func (s *RedisOverrides) Load(ctx context.Context) (map[string]string, error) {
-	m, err := s.client.HGetAll(ctx, s.key).Result()
-	if err != nil {
-		return nil, fmt.Errorf("read overrides from %s: %w", s.key, err)
-	}
-	return m, nil
-}
-
-// Set implements OverrideStore.
-func (s *RedisOverrides) Set(ctx context.Context, rule, value string) error {
-	if err := s.client.HSet(ctx, s.key, rule, value).Err(); err != nil {
-		return fmt.Errorf("store override in %s: %w", s.key, err)
-	}
-	// A lost announcement only delays the others until their next re-read.
-	_ = s.client.Publish(ctx, s.key, rule).Err()
-	return nil
-}
-
-// Delete implements OverrideStore.
-func (s *RedisOverrides) Delete(ctx context.Context, rule string) error {
-	if err := s.client.HDel(ctx, s.key, rule).Err(); err != nil {
-		return fmt.Errorf("delete override from %s: %w", s.key, err)
-	}
-	_ = s.client.Publish(ctx, s.key, rule).Err()
-	return nil
-}
-
-// Watch implements OverrideStore with SUBSCRIBE; go-redis resubscribes by
-// itself after a reconnect.
-func (s *RedisOverrides) Watch(ctx context.Context) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	sub := s.client.Subscribe(ctx, s.key)
-	go func() {
-		defer sub.Close()
-		ch := sub.Channel()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case _, ok := <-ch:
-				if !ok {
-					return
-				}
-				select {
-				case out <- struct{}{}:
-				default: // a re-read is already pending
-				}
-			}
-		}
-	}()
-	return out
-}
-
-// Shared implements OverrideStore.
-func (s *RedisOverrides) Shared() bool { return true }
 
 // MemoryOverrides keeps overrides in the process (memory-store mode).
 type MemoryOverrides struct {

@@ -46,12 +46,36 @@ echo "== kustomize build deploy/kubernetes"
 "$kustomize" build deploy/kubernetes >"$work/rendered.yaml"
 echo "rendered $(grep -c '^kind:' "$work/rendered.yaml") objects"
 
+# The overlay docs/kubernetes.md shows ("When Redis is down"): readiness on
+# /healthz. It must build and change exactly that path.
+overlay=deploy/.check-overlay-$$
+trap 'rm -rf "$work" "$overlay"' EXIT
+mkdir -p "$overlay"
+cat >"$overlay/kustomization.yaml" <<OVERLAY
+resources:
+  - ../kubernetes
+patches:
+  - target: {kind: Deployment, name: rategate}
+    patch: |
+      - op: replace
+        path: /spec/template/spec/containers/0/readinessProbe/httpGet/path
+        value: /healthz
+OVERLAY
+"$kustomize" build "$overlay" >"$work/overlay.yaml"
+rm -rf "$overlay"
+if [ "$(diff "$work/rendered.yaml" "$work/overlay.yaml" | grep -c '^[<>]')" != 2 ] || ! grep -q 'path: /healthz' "$work/overlay.yaml"; then
+	echo "FAIL: the readiness overlay of docs/kubernetes.md does not change exactly the readiness path:" >&2
+	diff "$work/rendered.yaml" "$work/overlay.yaml" >&2 || true
+	exit 1
+fi
+echo "the readiness overlay of docs/kubernetes.md builds"
+
 echo "== kubectl-validate (Kubernetes $K8S_VERSION schemas)"
 manifests=()
 for f in deploy/kubernetes/*.yaml deploy/kubernetes/examples/*.yaml; do
 	[ "$(basename "$f")" = kustomization.yaml ] || manifests+=("$f")
 done
-"$validate" --version "$K8S_VERSION" "${manifests[@]}" "$work/rendered.yaml"
+"$validate" --version "$K8S_VERSION" "${manifests[@]}" "$work/rendered.yaml" "$work/overlay.yaml"
 
 echo "== the validator rejects broken manifests"
 for f in deploy/kubernetes/testdata/*.yaml; do

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -217,6 +218,21 @@ func TestKubernetesDeployment(t *testing.T) {
 	if err := waitFor(5*time.Second, metric(t, `rategate_rule_limit{rule="login-per-ip"} 10`)); err != nil {
 		t.Fatal(err)
 	}
+
+	t.Run("rategate admin reaches it with the Secret's token", func(t *testing.T) {
+		// docs/kubernetes.md: rategate admin -addr 127.0.0.1:9090 rules,
+		// RATEGATE_ADMIN_TOKEN from the Secret (port-forward left out).
+		cli := exec.Command(rategateBinary(t), "admin", "-addr", "127.0.0.1:"+strconv.Itoa(adminPort), "rules")
+		cli.Env = append(os.Environ(), "RATEGATE_ADMIN_TOKEN="+token)
+		out, err := cli.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "login-per-ip") {
+			t.Errorf("rategate admin rules: %v\n%s", err, out)
+		}
+		cli = exec.Command(rategateBinary(t), "admin", "-addr", "127.0.0.1:"+strconv.Itoa(adminPort), "-token", "wrong", "rules")
+		if out, err := cli.CombinedOutput(); err == nil {
+			t.Errorf("rategate admin with a wrong token succeeded:\n%s", out)
+		}
+	})
 
 	t.Run("a ConfigMap update reloads the rules", func(t *testing.T) {
 		cm.write(t, "rategate.yaml", strings.Replace(string(policy), "limit: 10\n", "limit: 7\n", 1))

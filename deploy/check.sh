@@ -9,7 +9,7 @@
 #   - deploy/prometheus/: `promtool check rules` and `promtool test rules`,
 #     and `promtool check config` for the Prometheus configurations.
 # The Go tools are pinned and installed with `go install` into a cache
-# directory outside the work tree when missing (about 90 s once per machine).
+# directory outside the work tree when missing (about 2 minutes once per machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +26,7 @@ tool() {
 	if [ ! -x "$dir/$name" ]; then
 		echo "installing $module@$version into $dir" >&2
 		mkdir -p "$dir"
-		GOBIN="$dir" GOFLAGS=-mod=mod "$GO" install "$module@$version" >&2
+		GOBIN="$dir" GOFLAGS= "$GO" install "$module@$version" >&2
 	fi
 	echo "$dir/$name"
 }

@@ -3,11 +3,11 @@
 # runs vet, the unit and integration tests with -race, and the e2e suite.
 
 GO ?= go
-APT_PACKAGES := redis-server redis-sentinel nginx libnginx-mod-http-lua curl docker-compose
+APT_PACKAGES := redis-server redis-sentinel nginx libnginx-mod-http-lua curl docker-compose prometheus
 
-.PHONY: test deps vet unit e2e run build check fmt
+.PHONY: test deps vet unit e2e deploy-check run build check fmt
 
-test: deps vet unit e2e
+test: deps vet deploy-check unit e2e
 
 # Install the real servers the tests use when a binary is missing.
 deps:
@@ -19,12 +19,21 @@ deps:
 	test -e /usr/lib/nginx/modules/ngx_http_lua_module.so || missing="$$missing libnginx-mod-http-lua"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES) >/dev/null || exit 1; \
 	fi
-	@redis-server --version | head -1; redis-sentinel --version | head -1; nginx -v 2>&1
+	@redis-server --version | head -1; redis-sentinel --version | head -1; nginx -v 2>&1; promtool --version 2>&1 | head -1
+
+# deploy/: the Kubernetes manifests (kustomize build, kubectl-validate against
+# the API's schemas), the Prometheus rules (promtool check rules, promtool test
+# rules) and configurations (promtool check config). The pinned Go tools are
+# installed on first use into ~/.cache/rategate-tools (see deploy/check.sh).
+deploy-check:
+	GO=$(GO) bash deploy/check.sh
 
 fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -273,14 +274,21 @@ func (st *stack) check() error {
 			return fmt.Errorf("%s -> floor -> app: status %d, X-RateLimit-Limit %q, err %v (want 204 without the header)", ng.what, status, hdr["x-ratelimit-limit"], err)
 		}
 	}
-	policy := func(addr, path string) (string, error) {
+	// policy returns the RateLimit-Policy of an allowed /auth, and the
+	// names of every header that came with it.
+	policy := func(addr, path string) (string, string, error) {
 		status, hdr, err := httpDo(addr, "/auth", map[string]string{
 			"X-Original-URI": path, "X-Real-IP": "127.0.0.1", "X-User-Id": "check-user",
 		})
 		if err != nil || status != 204 || hdr["ratelimit-policy"] == "" {
-			return "", fmt.Errorf("%s /auth %s: status %d, RateLimit-Policy %q, err %v (want 204 with the header)", addr, path, status, hdr["ratelimit-policy"], err)
+			return "", "", fmt.Errorf("%s /auth %s: status %d, RateLimit-Policy %q, err %v (want 204 with the header)", addr, path, status, hdr["ratelimit-policy"], err)
 		}
-		return hdr["ratelimit-policy"], nil
+		var names []string
+		for k := range hdr {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		return hdr["ratelimit-policy"], strings.Join(names, " "), nil
 	}
 	for _, c := range []struct {
 		what, addr, path string
@@ -296,7 +304,7 @@ func (st *stack) check() error {
 		if c.what == "rategate-lease" && st.rategateLease == nil {
 			continue
 		}
-		got, err := policy(c.addr, c.path)
+		got, names, err := policy(c.addr, c.path)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.what, err)
 		}
@@ -306,12 +314,15 @@ func (st *stack) check() error {
 			}
 		}
 		if c.twin != "" {
-			twin, err := policy(c.twin, c.path)
+			twin, twinNames, err := policy(c.twin, c.path)
 			if err != nil {
 				return fmt.Errorf("minimal: %w", err)
 			}
 			if twin != got {
 				return fmt.Errorf("the minimal limiter announces %q, rategate %q for %s: make bench/runner's minimal rule match the policy", twin, got, c.path)
+			}
+			if twinNames != names {
+				return fmt.Errorf("for %s the minimal limiter answers with the headers %q, rategate with %q: NGINX would not copy the same", c.path, twinNames, names)
 			}
 		}
 	}

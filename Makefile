@@ -65,12 +65,13 @@ run:
 check:
 	$(GO) run . -check -config $(CONFIG)
 
-# The load benchmark, not part of `make test` (about 5 minutes): wrk and a
-# fixed-rate generator against NGINX + rategate + Redis and against a
-# do-nothing floor, alternated, on loopback ports; installs wrk (and
-# redis-server, nginx, linux-perf) when missing. Results: bench/results/.
-# See README "Performance" for the knobs (BENCH_DURATION, BENCH_ROUNDS,
-# BENCH_SCENARIOS, ...).
+# The load benchmark, not part of `make test` (about 9 minutes): wrk and a
+# fixed-rate generator against NGINX + rategate + Redis, against the minimal
+# limiter a team would write (bench/minimal) and against a do-nothing floor,
+# alternated, on loopback ports; installs wrk (and redis-server,
+# redis-tools, nginx, linux-perf) when missing. Results: bench/results/.
+# See bench/README.md for the knobs (BENCH_DURATION, BENCH_ROUNDS,
+# BENCH_SCENARIOS, ...) and the targets.
 .PHONY: bench
 bench:
 	bash bench/run.sh

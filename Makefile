@@ -48,7 +48,7 @@ unit:
 	$(GO) test -race -count=1 -p 1 -timeout 20m ./...
 	@# The hot-path allocation guards skip under -race (the race detector
 	@# makes sync.Pool drop items), so they run once more without it.
-	$(GO) test -count=1 -run 'Allocs|CostsNothing' ./handler/ ./admin/ ./limits/
+	$(GO) test -count=1 -run 'Allocs|CostsNothing' ./handler/ ./app/ ./limits/
 
 # The end-to-end suite (e2e/, build tag e2e): real redis-server, two rategate
 # processes, real nginx for every config in nginx/, driven with curl.

@@ -11,186 +11,75 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/internal/procs"
 	"github.com/rategate/rategate/policy"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// rategateBin builds the rategate binary once for the whole test run.
-func rategateBin(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "rategate-admin-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "rategate")
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "go"
-		}
-		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/rategate/rategate")
-		cmd.Dir = "."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
+// rategateBin is the rategate binary, built once for the whole test run.
+func rategateBin(t testing.TB) string { return procs.TestBinary(t) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	procs.RemoveTestBinary()
 	os.Exit(code)
 }
 
-// proc is one running rategate.
+// proc is one running rategate, with the HTTP helpers the tests use.
 type proc struct {
-	t         testing.TB
-	name      string
-	main      string // host:port of /auth
-	admin     string // host:port of the admin API
-	token     string
-	args      []string
-	logPath   string
-	cmd       *exec.Cmd
-	done      chan struct{}
-	mu        sync.Mutex
-	exitedErr error
+	t     testing.TB
+	name  string
+	main  string // host:port of /auth
+	admin string // host:port of the admin API
+	token string
+	rg    *procs.Rategate
 }
 
 // startRategate starts rategate with -config cfg and args, on fresh ports,
 // and waits until both listeners answer.
 func startRategate(t testing.TB, name, cfg, token string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, token: token, args: args,
-		logPath: filepath.Join(t.TempDir(), name+".log")}
-	p.main = "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t))
-	p.admin = "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t))
-	all := append([]string{"-config", cfg}, args...)
-	p.args = all
-	p.start()
+	rg, err := procs.StartRategate(procs.Options{
+		Name: name, Bin: rategateBin(t), Dir: t.TempDir(), Token: token,
+		Args: append([]string{"-log-level", "debug", "-config", cfg}, args...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, name: name, main: rg.Main, admin: rg.Admin, token: token, rg: rg}
 	t.Cleanup(p.kill)
 	return p
-}
-
-func (p *proc) start() {
-	p.t.Helper()
-	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	args := append([]string{"-listen", p.main, "-admin-listen", p.admin, "-log-level", "debug"}, p.args...)
-	p.cmd = exec.Command(rategateBin(p.t), args...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		p.t.Fatalf("%s: start: %v", p.name, err)
-	}
-	p.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) {
-		err := cmd.Wait()
-		f.Close()
-		p.mu.Lock()
-		p.exitedErr = err
-		p.mu.Unlock()
-		close(done)
-	}(p.cmd, p.done)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code1, _ := p.get("http://"+p.main+"/healthz", "")
-		code2, _ := p.get("http://"+p.admin+"/v1/rules", p.token)
-		if code1 == 200 && code2 == 200 {
-			return
-		}
-		select {
-		case <-p.done:
-			p.t.Fatalf("%s exited at start:\n%s", p.name, p.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%s not ready after 10s (healthz %d, admin %d):\n%s", p.name, code1, code2, p.logTail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // stop sends SIGTERM and waits for a clean exit.
 func (p *proc) stop() {
 	p.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.t.Fatalf("%s did not stop on SIGTERM:\n%s", p.name, p.logTail())
-	}
-	p.mu.Lock()
-	err := p.exitedErr
-	p.mu.Unlock()
-	if err != nil {
-		p.t.Fatalf("%s exited with %v:\n%s", p.name, err, p.logTail())
+	if err := p.rg.Stop(10 * time.Second); err != nil {
+		p.t.Fatalf("%s: %v:\n%s", p.name, err, p.logTail())
 	}
 }
 
 func (p *proc) restart() {
 	p.t.Helper()
 	p.stop()
-	p.start()
+	if err := p.rg.Restart(); err != nil {
+		p.t.Fatal(err)
+	}
 }
 
-func (p *proc) kill() {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-	}
-}
+func (p *proc) kill() { p.rg.Kill() }
 
 func (p *proc) signal(sig syscall.Signal) {
 	p.t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
+	if err := p.rg.Signal(sig); err != nil {
 		p.t.Fatalf("%s: signal %v: %v", p.name, sig, err)
 	}
 }
 
-func (p *proc) logTail() string {
-	b, _ := os.ReadFile(p.logPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > 40 {
-		lines = lines[len(lines)-40:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (p *proc) logTail() string { return p.rg.LogTail(40) }
 
 var httpClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 

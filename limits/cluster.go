@@ -183,33 +183,15 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 	return false, nil
 }
 
-// decideGroups runs decide.lua for every slot's checks at once: all in the
-// shared pipelines (one per node) when coalescing, else one goroutine per
-// slot.
+// decideGroups runs decide.lua for every slot's checks at once, each on
+// its slot's primary (one goroutine per slot beyond the first: a primary
+// that is slow holds up only the request that needs it).
 func (s *RedisStore) decideGroups(ctx context.Context, b *Batch, groups []slotGroup, results []Result) {
-	if s.co == nil {
-		parallel(len(groups), func(i int) {
-			call := groupCall(ctx, b, &groups[i])
-			reply, err := s.script.Run(ctx, s.client, call.keys, call.args...).Result()
-			call.release()
-			s.groupDecided(&groups[i], reply, err, results)
-		})
-		return
-	}
-	calls := make([]*scriptCall, len(groups))
-	for i := range groups {
-		calls[i] = groupCall(ctx, b, &groups[i])
-		if !s.co.enqueue(calls[i]) {
-			calls[i].finish(nil, errCoalescerClosed)
-		}
-	}
-	for i, call := range calls {
-		reply, err, ok := call.wait()
-		if ok {
-			call.release()
-		}
+	parallel(len(groups), func(i int) {
+		call := groupCall(ctx, b, &groups[i])
+		reply, err := s.eval(call)
 		s.groupDecided(&groups[i], reply, err, results)
-	}
+	})
 }
 
 // groupCall builds the decide.lua call of one slot's checks.
@@ -271,6 +253,43 @@ func newRefundJob(b *Batch, g *slotGroup, results []Result, markerTTL time.Durat
 	j.keys = append(j.keys, refundMarker(j.keys[0]))
 	return j
 }
+
+// lateRefundJob builds the refund of a decide.lua run whose caller gave
+// up before its reply came, from the call's keys and arguments and the
+// reply: every check that allowed with a cost, when the run admitted (a
+// denied run committed nothing). nil when it took nothing or the reply is
+// not decide.lua's.
+func lateRefundJob(call *scriptCall, reply any) *refundJob {
+	n := len(call.keys)
+	if n == 0 || len(call.args) != 1+6*n {
+		return nil
+	}
+	res := make([]Result, n)
+	adm, at, err := parseReply(reply, 2, res)
+	if err != nil || adm != 1 {
+		return nil
+	}
+	j := &refundJob{args: []any{call.args[0], lateMarkerTTL.Milliseconds()}}
+	for i := range n {
+		a := call.args[1+6*i : 1+6*(i+1)] // code, limit, period, burst, cost, shadow
+		cost, ok := a[4].(int64)
+		if !res[i].Allowed || !ok || cost <= 0 {
+			continue
+		}
+		j.keys = append(j.keys, call.keys[i])
+		j.idx = append(j.idx, i)
+		j.args = append(j.args, a[0], a[1], a[2], a[3], cost, at, res[i].Remaining, res[i].ResetUS)
+	}
+	if len(j.keys) == 0 {
+		return nil
+	}
+	j.keys = append(j.keys, refundMarker(j.keys[0]))
+	return j
+}
+
+// lateMarkerTTL keeps a late refund's marker past its single background
+// attempt.
+const lateMarkerTTL = backgroundRefundTimeout + time.Second
 
 // refundMarker returns a fresh marker key in the slot of key: its hash tag
 // and ":refund:<random id>", e.g. "rg:{login:1.2.3.4}:refund:9f86d081884c7d65".
@@ -344,6 +363,9 @@ func (s *RedisStore) noteError(err error) {
 	}
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
+	}
+	if s.nodes != nil {
+		s.nodes.reloadSoon()
 	}
 }
 

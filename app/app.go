@@ -201,6 +201,17 @@ func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Op
 			stat(func(st limits.CoalesceStats) uint64 { return st.Expired }))
 	}
 
+	m.AddCounterFuncs("rategate_redis_refunds_total", "result", func() []metrics.LabeledValue {
+		r := rs.Refunds()
+		return []metrics.LabeledValue{{Label: "in_request", Value: float64(r.Refunded)},
+			{Label: "background", Value: float64(r.Late)}, {Label: "lost", Value: float64(r.Lost)}}
+	})
+	m.AddCounterFuncs("rategate_redis_abandoned_decisions_total", "outcome", func() []metrics.LabeledValue {
+		l := rs.Late()
+		return []metrics.LabeledValue{{Label: "refunded", Value: float64(l.Refunded)},
+			{Label: "clean", Value: float64(l.Clean)}, {Label: "unknown", Value: float64(l.Unknown)}}
+	})
+
 	// Identities Redis denied are answered here until their retry time.
 	// Not on a cluster: a cross-slot refund lands one round trip after a
 	// denial another request saw, so that denial's retry can be too late.

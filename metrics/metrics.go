@@ -432,6 +432,24 @@ func (m *Metrics) AddCounterFunc(name, _ string, f func() float64) {
 	m.set.RegisterMetricsWriter(func(w io.Writer) { vm.WriteCounterFloat64(w, name, f()) })
 }
 
+// LabeledValue is one sample of a labelled family read at scrape time.
+type LabeledValue struct {
+	// Value of the family's one label.
+	Label string
+	Value float64
+}
+
+// AddCounterFuncs exports a counter family with one label, whose samples
+// f returns at each scrape (every value must never decrease).
+func (m *Metrics) AddCounterFuncs(family, label string, f func() []LabeledValue) {
+	m.set.RegisterMetricsWriter(func(w io.Writer) {
+		vm.WriteMetadataIfNeeded(w, family, "counter")
+		for _, v := range f() {
+			fmt.Fprintf(w, "%s{%s=%q} %g\n", family, label, v.Label, v.Value)
+		}
+	})
+}
+
 // ObserveDenyCache exports the size of the limiter's deny cache
 // (rategate_deny_cache_entries) and its evictions. nil exports zeros.
 func (m *Metrics) ObserveDenyCache(c *limits.DenyCache) { m.denyCache.Store(c) }

@@ -240,3 +240,23 @@ func TestRuleGaugesFollowTheRules(t *testing.T) {
 		t.Fatal("the removed rule's counters are gone")
 	}
 }
+
+// TestCounterFuncs: a labelled family read at scrape time has one TYPE line
+// and one sample per label value, and parses.
+func TestCounterFuncs(t *testing.T) {
+	m := New()
+	m.AddCounterFuncs("rategate_test_things_total", "kind", func() []LabeledValue {
+		return []LabeledValue{{Label: "a", Value: 1}, {Label: "b", Value: 2.5}}
+	})
+	fams := parse(t, m)
+	f := fams["rategate_test_things_total"]
+	if f.GetType() != dto.MetricType_COUNTER || len(f.GetMetric()) != 2 {
+		t.Fatalf("family %v", f)
+	}
+	for _, s := range f.GetMetric() {
+		want := map[string]float64{"a": 1, "b": 2.5}[s.GetLabel()[0].GetValue()]
+		if s.GetCounter().GetValue() != want {
+			t.Errorf("%v = %v, want %v", s.GetLabel(), s.GetCounter().GetValue(), want)
+		}
+	}
+}

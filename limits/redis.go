@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"runtime"
 	"strconv"
@@ -162,6 +163,9 @@ type RedisOptions struct {
 	Password string
 	// TLS, when not nil, encrypts every connection (servers and sentinels).
 	TLS *tls.Config
+	// Dialer, when set, opens every connection (tests put a fault-injecting
+	// proxy in between with it).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Coalesce says how concurrent decisions share pipelines.
 	Coalesce CoalesceOptions
 }
@@ -214,6 +218,9 @@ func openRedisURL(o RedisOptions) (*RedisStore, error) {
 	if opt.TLSConfig == nil {
 		opt.TLSConfig = o.TLS
 	}
+	if o.Dialer != nil {
+		opt.Dialer = o.Dialer
+	}
 	opt.ContextTimeoutEnabled = true
 	opt.PoolSize = poolSize(opt.PoolSize, o.Coalesce)
 	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
@@ -234,6 +241,9 @@ func openCluster(co *redis.ClusterOptions, o RedisOptions, name string) (*RedisS
 	co.Password = firstNonEmpty(co.Password, o.Password)
 	if co.TLSConfig == nil {
 		co.TLSConfig = o.TLS
+	}
+	if o.Dialer != nil {
+		co.Dialer = o.Dialer
 	}
 	co.ContextTimeoutEnabled = true
 	co.PoolSize = poolSize(co.PoolSize, o.Coalesce)
@@ -266,6 +276,9 @@ func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error
 	fo.SentinelPassword = firstNonEmpty(fo.SentinelPassword, o.SentinelPassword)
 	if fo.TLSConfig == nil {
 		fo.TLSConfig = o.TLS
+	}
+	if o.Dialer != nil {
+		fo.Dialer = o.Dialer
 	}
 	fo.ContextTimeoutEnabled = true
 	fo.PoolSize = poolSize(fo.PoolSize, o.Coalesce)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strconv"
@@ -132,7 +133,21 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 	if len(groups) == 1 {
 		return s.decideAll(ctx, b, results)
 	}
-	s.decideGroups(ctx, b, groups, results)
+	// The slot most likely to deny goes first, alone; the others only
+	// once it admitted. A request it denies then holds nothing elsewhere
+	// (nothing to refund, no unit of a global rule taken from others in
+	// the meantime).
+	sortByRestriction(b.Checks, groups)
+	s.decideGroups(ctx, b, groups[:1], results)
+	if first := &groups[0]; first.err == nil && !first.admitted {
+		// Denied: the other slots' rules report their own verdict on a
+		// request that is denied anyway, committing nothing.
+		s.dryGroups(ctx, b, groups[1:], results)
+		return false, nil
+	} else if first.err != nil {
+		return false, first.err
+	}
+	s.decideGroups(ctx, b, groups[1:], results)
 
 	var err error
 	admitted := true
@@ -181,6 +196,63 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 		}
 	}
 	return false, nil
+}
+
+// sortByRestriction orders groups by how likely they are to deny: the
+// smallest limit of a non-shadow check first (a per-user rule before a
+// global one), groups of shadow checks only last. The order among equals
+// is the batch's.
+func sortByRestriction(checks []Check, groups []slotGroup) {
+	key := func(g *slotGroup) int64 {
+		k := int64(math.MaxInt64)
+		for _, i := range g.idx {
+			if c := &checks[i]; !c.Shadow {
+				k = min(k, min(c.Limit, c.Burst))
+			}
+		}
+		return k
+	}
+	sort.SliceStable(groups, func(i, j int) bool { return key(&groups[i]) < key(&groups[j]) })
+}
+
+// dryGroups reports what the groups' checks say of a request that is
+// denied anyway, committing nothing: what decide.lua reports for the rules
+// of a denied request (a denying rule its own verdict and retry, the
+// others their quota as it stands). Each group's script is given one more
+// check, in the group's slot, that can never fit (cost 2 on a limit of 1,
+// which writes nothing), so it denies and commits nothing.
+func (s *RedisStore) dryGroups(ctx context.Context, b *Batch, groups []slotGroup, results []Result) {
+	parallel(len(groups), func(i int) {
+		g := &groups[i]
+		call := groupCall(ctx, b, g)
+		call.keys = append(call.keys, inSlotOf(call.keys[0], "dry"))
+		call.args = append(call.args, lua.Code(string(FixedWindow)), 1, 1_000_000, 1, int64(2), 0)
+		reply, err := s.eval(call)
+		if err == nil {
+			res := make([]Result, len(g.idx)+1)
+			if _, _, err = parseReply(reply, 2, res); err == nil {
+				for k, idx := range g.idx {
+					results[idx] = res[k]
+				}
+				return
+			}
+		}
+		// Not worth failing a denial over: the rule was not asked.
+		for _, idx := range g.idx {
+			results[idx] = Result{Allowed: true, Remaining: b.Checks[idx].Burst}
+		}
+	})
+}
+
+// inSlotOf returns a key in the hash slot of key: its hash tag and
+// ":<suffix>" (see refundMarker).
+func inSlotOf(key, suffix string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[:i+1+j+1] + ":" + suffix
+		}
+	}
+	return "{" + key + "}:" + suffix
 }
 
 // decideGroups runs decide.lua for every slot's checks at once, each on
@@ -293,16 +365,10 @@ const lateMarkerTTL = backgroundRefundTimeout + time.Second
 
 // refundMarker returns a fresh marker key in the slot of key: its hash tag
 // and ":refund:<random id>", e.g. "rg:{login:1.2.3.4}:refund:9f86d081884c7d65".
+// A key without a hash tag is hashed whole, so it is made the tag (keys
+// that would not survive that are not rategate's; AppendKey always tags).
 func refundMarker(key string) string {
-	id := strconv.FormatUint(rand.Uint64(), 16)
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[:i+1+j+1] + ":refund:" + id
-		}
-	}
-	// No hash tag: the whole key is hashed, so make it the tag (keys that
-	// would not survive that are not rategate's; AppendKey always tags).
-	return "{" + key + "}:refund:" + id
+	return inSlotOf(key, "refund:"+strconv.FormatUint(rand.Uint64(), 16))
 }
 
 // refundMarkerTTL keeps a marker until no retry of its refund can arrive:

@@ -32,6 +32,9 @@ const (
 	DefaultAdminListen = "127.0.0.1:9090"
 )
 
+// epochEvery is how often each instance checks that Redis kept its data.
+const epochEvery = time.Second
+
 // shutdownGrace bounds a graceful shutdown: in-flight requests finish
 // within it.
 const shutdownGrace = 20 * time.Second
@@ -140,6 +143,9 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Clamper: clamper, Log: a.log,
 	})
 	a.goBG(a.rules.Run)
+	if rs != nil {
+		a.watchEpoch(rs, cfg.Redis.KeyPrefix, lo.DenyCache)
+	}
 
 	a.observer = observer{metrics: a.metrics, top: a.top}
 	a.handler.Store(a.newHandler(cfg))
@@ -237,6 +243,24 @@ func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Op
 				return
 			}
 			m.SetRedisInfo(metrics.RedisInfo(info))
+		})
+	})
+}
+
+// watchEpoch notices Redis losing its data by itself (FLUSHALL, a restart
+// without persistence): cached denials derived from it are dropped, and
+// the loss is logged once with what went with it.
+func (a *App) watchEpoch(rs *limits.RedisStore, prefix string, dc *limits.DenyCache) {
+	epoch := limits.NewRedisEpoch(rs.Client(), prefix)
+	a.goBG(func(ctx context.Context) {
+		epoch.Run(ctx, epochEvery, func() {
+			cleared := 0
+			if dc != nil {
+				cleared = dc.Len()
+				dc.Clear()
+			}
+			a.log.Warn().Int("cached_denials_cleared", cleared).
+				Msg("Redis lost its data (FLUSHALL, a restart without persistence, or a failover to an empty replica): counters start from zero, cached denials are dropped, and runtime overrides kept there are gone")
 		})
 	})
 }

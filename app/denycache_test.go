@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -320,4 +321,69 @@ func TestDenyCacheObservedAllocs(t *testing.T) {
 	if n != 0 {
 		t.Errorf("a cached denial, decided and observed, allocates %v, want 0", n)
 	}
+}
+
+// TestRedisDataLoss: Redis flushed behind rategate's back (FLUSHALL, a
+// restart without persistence). The deny cache would keep denying until
+// the old retry time while other instances admit; instead each instance
+// notices the loss within a few seconds (the epoch marker), drops its
+// cached denials and says so, and a runtime override that vanished with
+// the data is logged too.
+func TestRedisDataLoss(t *testing.T) {
+	srv := testredis.Start(t)
+	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Redis.URL = "redis://" + srv.Addr + "/0"
+	cfg.Redis.KeyPrefix = uniquePrefix(t)
+	var logs syncBuffer
+	a, err := New(cfg, Options{Log: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	l := a.Limiter()
+	decide := func() limits.Decision {
+		var d limits.Decision
+		_ = l.Decide(context.Background(), &limits.Request{IP: []byte("192.0.2.7")}, &d)
+		return d
+	}
+	decide()
+	decide()
+	if d := decide(); !d.Cached {
+		t.Fatal("third request not answered by the deny cache")
+	}
+	if _, err := a.Rules().SetOverride(context.Background(), "per-ip", []byte(`{"limit":5}`)); err != nil {
+		t.Fatal(err)
+	}
+	// The override cleared the cache: deny again so that it holds an entry.
+	for i := 0; i < 6; i++ {
+		decide()
+	}
+	if l.DenyCache().Len() == 0 {
+		t.Fatal("nothing cached before the flush")
+	}
+	time.Sleep(1500 * time.Millisecond) // the epoch marker has been read once
+	if err := srv.Client(t).FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	took := within(t, 5*time.Second, "the deny cache forgets after FLUSHALL", func() error {
+		if n := l.DenyCache().Len(); n != 0 {
+			return fmt.Errorf("%d cached denials", n)
+		}
+		return nil
+	})
+	if d := decide(); !d.Admitted || d.Cached {
+		t.Fatalf("after the flush: admitted=%v cached=%v, want admitted by the empty Redis", d.Admitted, d.Cached)
+	}
+	within(t, 5*time.Second, "both log lines", func() error {
+		for _, want := range []string{"Redis lost its data", "runtime overrides no longer in the shared store"} {
+			if logs.lines(want) == 0 {
+				return fmt.Errorf("no log line %q", want)
+			}
+		}
+		return nil
+	})
+	t.Logf("cache cleared %v after FLUSHALL", took.Round(time.Millisecond))
 }

@@ -1,6 +1,9 @@
 package app
 
 import (
+	"bytes"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -21,4 +24,29 @@ func within(t testing.TB, d time.Duration, what string, cond func() error) time.
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// lines counts the lines holding substr.
+func (s *syncBuffer) lines(substr string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, l := range strings.Split(s.b.String(), "\n") {
+		if strings.Contains(l, substr) {
+			n++
+		}
+	}
+	return n
 }

@@ -175,6 +175,18 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if maps.Equal(raw, m.raw) && !expiredNow {
 		return nil
 	}
+	now := m.now()
+	var gone []string
+	for name, o := range m.ovs {
+		if _, still := raw[name]; !still && !o.expired(now) {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		sort.Strings(gone)
+		m.log.Warn().Strs("rules", gone).
+			Msg("runtime overrides no longer in the shared store (deleted through another instance, or lost with the store's data): the file's values apply")
+	}
 	m.raw = raw
 	m.ovs = make(map[string]Override, len(raw))
 	m.bad = map[string]string{}
@@ -316,6 +328,20 @@ func (m *Manager) clampShrunk(prev, next []*limits.Rule) {
 
 // WaitClamps waits for the background clamps started so far. Tests only.
 func (m *Manager) WaitClamps() { m.clamps.Wait() }
+
+// OverrideCount returns how many runtime overrides are in force.
+func (m *Manager) OverrideCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	now := m.now()
+	for _, o := range m.ovs {
+		if !o.expired(now) {
+			n++
+		}
+	}
+	return n
+}
 
 // View returns the rules as GET /v1/rules shows them.
 func (m *Manager) View() *RulesView { return m.view.Load() }

@@ -356,7 +356,7 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 		Logger:                fasthttpLogger{a.log},
 	}
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(handler.LingerListener(ln)) }()
 	go func() { serveErr <- adminSrv.Serve(adminLn) }()
 	a.log.Info().Str("admin_listen", adminLn.Addr().String()).Bool("admin_token", cfg.Admin.Token != "").
 		Msg("admin API ready: /metrics, /v1/rules, /v1/reload, /v1/keys/{rule}, /v1/top")

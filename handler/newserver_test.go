@@ -36,7 +36,7 @@ func hardenedOn(t *testing.T, opts ServerOptions, ln net.Listener) string {
 	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
 	srv := NewServer(New(l, l, Options{}), opts)
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() { done <- srv.Serve(LingerListener(ln)) }()
 	t.Cleanup(func() {
 		noErr(t, ln.Close())
 		noErr(t, <-done)
@@ -156,6 +156,16 @@ func TestServerHeadSizes(t *testing.T) {
 	c = dial(t, addr)
 	req = "GET /auth HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-Junk: "+strings.Repeat("j", 1000)+"\r\n", 80) + "\r\n"
 	_, _ = io.WriteString(c, req) // the server may close before reading it all
+	status, _ = readStatus(t, bufio.NewReader(c))
+	equal(t, 431, status)
+
+	// Far over it (20 MiB of one header): the client can send it all
+	// without a reset, and reads the 431 (a lingering close drains what
+	// it still sends instead of answering it with RST).
+	c = dial(t, addr)
+	big = "GET /auth HTTP/1.1\r\nHost: x\r\nX-Junk: " + strings.Repeat("j", 20<<20) + "\r\n\r\n"
+	_, err = io.WriteString(c, big)
+	noErr(t, err)
 	status, _ = readStatus(t, bufio.NewReader(c))
 	equal(t, 431, status)
 }

@@ -1,0 +1,53 @@
+package handler
+
+import (
+	"io"
+	"net"
+	"time"
+)
+
+// Lingering close: when the server ends a connection while the client is
+// still sending (a request head over the limit answered 431, a body it
+// never reads), closing at once makes the kernel answer the unread bytes
+// with a reset, and a client that checks its write before reading sees
+// "connection reset" instead of the answer. So the main listener's
+// connections close the way NGINX's lingering_close does: send FIN after
+// the answer, read and discard what the client still sends for a bounded
+// time, then close.
+
+// Bounds of a lingering close.
+const (
+	lingerTime = time.Second
+	lingerMax  = 64 << 20
+)
+
+// LingerListener wraps ln so that every connection it accepts closes with
+// a lingering close (bounded: at most a second and 64 MiB read).
+func LingerListener(ln net.Listener) net.Listener { return lingerListener{ln} }
+
+type lingerListener struct{ net.Listener }
+
+func (l lingerListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		return &lingerConn{TCPConn: tc}, nil
+	}
+	return c, nil
+}
+
+type lingerConn struct {
+	*net.TCPConn
+}
+
+// Close half-closes, drains what the client still sends, then closes.
+func (c *lingerConn) Close() error {
+	if err := c.CloseWrite(); err != nil {
+		return c.TCPConn.Close()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(lingerTime))
+	_, _ = io.CopyN(io.Discard, c.TCPConn, lingerMax)
+	return c.TCPConn.Close()
+}

@@ -514,8 +514,20 @@ func TestRouteSpellingsShareACounter(t *testing.T) {
 	admin.Match.PathPrefix = "/admin"
 	ts := pinned(t, Options{}, admin)
 	equal(t, 204, ts.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)
-	for _, uri := range []string{"/a/../admin", "//admin", "/%2e%2e/admin", "/%61dmin", "/admin?x=1", "/./admin#f", "http://h/admin"} {
-		equal(t, 429, ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1").status, uri)
+	for _, uri := range []string{"/a/../admin", "//admin", "/%2e%2e/admin", "/%61dmin", "/admin?x=1", "/./admin#f", "http://h/admin",
+		// NGINX decodes %2F and routes these to /admin too.
+		"/%2Fadmin", "/%2fadmin", "/x/..%2Fadmin", "/x%2F..%2Fadmin", "http://h/%2Fadmin"} {
+		equal(t, 429, ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1").status, "%s", uri)
+	}
+	// NGINX routes these elsewhere: "%252F" is a literal "%2F", and case,
+	// ';' and a trailing dot are part of the path.
+	for _, uri := range []string{"/%252Fadmin", "/ADMIN", "/x/admin"} {
+		equal(t, reply{status: 204, headers: map[string]string{}}, ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1"), "%s", uri)
+	}
+	for _, uri := range []string{"/admin;x", "/admin.", "/admin/"} {
+		r := ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1")
+		equal(t, 204, r.status, "%s", uri)
+		equal(t, "0", r.headers["x-ratelimit-remaining"], "%s: a route of its own", uri)
 	}
 }
 

@@ -66,12 +66,17 @@ func (c *Config) Describe() string {
 	if id.Anonymous == limits.AnonymousSkip {
 		anon = "skip rules keyed on user"
 	}
-	line("identity", "user %s, ip %s (trusted proxies: %s), anonymous users: %s", id.UserHeader, id.IPHeader, trusted, anon)
+	ipv6 := fmt.Sprintf("each IPv6 client is its /%d", id.IPv6Prefix)
+	if id.IPv6Prefix >= 128 {
+		ipv6 = "each IPv6 address is its own client"
+	}
+	line("identity", "user %s, ip %s (trusted proxies: %s; %s), anonymous users: %s", id.UserHeader, id.IPHeader, trusted, ipv6, anon)
 	cost := "off"
 	if id.CostHeader != "" {
 		cost = fmt.Sprintf("%s (at most %d)", id.CostHeader, id.MaxCost)
 	}
-	line("headers", "uri %s, method %s, host %s, cost %s", id.URIHeader, id.MethodHeader, id.HostHeader, cost)
+	line("headers", "uri %s (else url %s), method %s, host %s, cost %s, request id %s",
+		id.URIHeader, id.URLHeader, id.MethodHeader, id.HostHeader, cost, id.RequestIDHeader)
 	if len(c.Rules) == 0 {
 		line("rules", "none (every request is allowed)")
 	} else {

@@ -37,8 +37,16 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 
 	uri := hdr.PeekBytes(h.uriHeader)
 	if len(uri) == 0 {
-		h.badRequest(ctx, h.missingURI, BadMissingURI, start)
-		return
+		// ingress-nginx's auth-url sends the full URL instead.
+		uri = hdr.PeekBytes(h.urlHeader)
+		if len(uri) == 0 {
+			h.badRequest(ctx, h.missingURI, BadMissingURI, start)
+			return
+		}
+		if uri[0] != '/' && !isAbsoluteURL(uri) {
+			h.badRequest(ctx, h.badURL, BadMissingURI, start)
+			return
+		}
 	}
 	s.route = NormalizeRoute(s.route[:0], uri)
 
@@ -49,7 +57,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.badRequest(ctx, h.noIP, BadIP, start)
 		return
 	}
-	s.ip = addr.AppendTo(s.ip[:0])
+	s.ip = AppendIPIdentity(s.ip[:0], addr, h.ipv6Prefix)
 
 	var cost int64
 	if h.costHeader != nil {

@@ -22,6 +22,7 @@ const (
 	DefaultUserHeader   = "X-User-Id"
 	DefaultIPHeader     = "X-Real-IP"
 	DefaultURIHeader    = "X-Original-URI"
+	DefaultURLHeader    = "X-Original-URL"
 	DefaultMethodHeader = "X-Original-Method"
 	DefaultHostHeader   = "X-Original-Host"
 )
@@ -54,6 +55,14 @@ type Options struct {
 	// IPHeader may be X-Forwarded-For (any case), which is then walked
 	// right-to-left past TrustedProxies.
 	UserHeader, IPHeader, URIHeader, MethodHeader, HostHeader string
+	// URLHeader (default X-Original-URL) holds the client request as a full
+	// URL, as ingress-nginx's auth-url sends it; it is read only when
+	// URIHeader is absent or empty. It may name the same header as
+	// URIHeader.
+	URLHeader string
+	// IPv6Prefix is the length of the network an IPv6 client's `ip`
+	// dimension is (default 64; see AppendIPIdentity).
+	IPv6Prefix int
 	// TrustedProxies are the hops skipped when walking X-Forwarded-For.
 	// Unused for any other IPHeader.
 	TrustedProxies []netip.Prefix
@@ -143,18 +152,19 @@ type Handler struct {
 	dec   Decider
 	store Pinger
 
-	userHeader, ipHeader, uriHeader, methodHeader, hostHeader, costHeader []byte
+	userHeader, ipHeader, uriHeader, urlHeader, methodHeader, hostHeader, costHeader []byte
 	// ipHeaderName is IPHeader as a string, for PeekAll.
 	ipHeaderName string
 	xff          bool
 	trusted      []netip.Prefix
+	ipv6Prefix   int
 	maxCost      int64
 	denyStatus   int
 	timeout      time.Duration
 	failureMode  string
 
 	// Answers to bad input, built once from the options.
-	missingURI, noIP, badCost []byte
+	missingURI, badURL, noIP, badCost []byte
 
 	// errLog, denyLog and shadowLog are sampled so that a dead store or an
 	// attack produce a few lines per second, not one per request.
@@ -188,6 +198,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 		dec:         d,
 		store:       store,
 		trusted:     opts.TrustedProxies,
+		ipv6Prefix:  opts.IPv6Prefix,
 		maxCost:     opts.MaxCost,
 		denyStatus:  opts.DenyStatus,
 		timeout:     opts.Timeout,
@@ -213,10 +224,12 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	user := name(opts.UserHeader, DefaultUserHeader)
 	ip := name(opts.IPHeader, DefaultIPHeader)
 	uri := name(opts.URIHeader, DefaultURIHeader)
+	url := name(opts.URLHeader, DefaultURLHeader)
 	h.userHeader = []byte(user)
 	h.ipHeader = []byte(ip)
 	h.ipHeaderName = ip
 	h.uriHeader = []byte(uri)
+	h.urlHeader = []byte(url)
 	h.methodHeader = []byte(name(opts.MethodHeader, DefaultMethodHeader))
 	h.hostHeader = []byte(name(opts.HostHeader, DefaultHostHeader))
 	h.xff = strings.EqualFold(ip, fasthttp.HeaderXForwardedFor)
@@ -229,8 +242,23 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	if h.timeout <= 0 {
 		h.timeout = DefaultTimeout
 	}
+	if h.ipv6Prefix <= 0 {
+		h.ipv6Prefix = DefaultIPv6Prefix
+	}
 
-	h.missingURI = []byte("missing " + uri + ` header: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` + "\n")
+	const urlVars = "$scheme://$http_host$request_uri"
+	switch {
+	case strings.EqualFold(uri, url):
+		h.missingURI = []byte("missing " + uri + ` header: add "proxy_set_header ` + uri + " " + urlVars + `;" to the auth location` + "\n")
+	case url == DefaultURLHeader:
+		h.missingURI = []byte("missing " + uri + " and " + url + ` headers: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` +
+			` (ingress-nginx's auth-url sets "` + url + " " + urlVars + `")` + "\n")
+	default:
+		h.missingURI = []byte("missing " + uri + " and " + url + ` headers: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` +
+			` (or "proxy_set_header ` + url + " " + urlVars + `;")` + "\n")
+	}
+	h.badURL = []byte("invalid " + url + " header: want an absolute URL such as https://host/path?query, as " +
+		`"proxy_set_header ` + url + " " + urlVars + `;" sets it` + "\n")
 	ipVar := "$remote_addr"
 	if h.xff {
 		ipVar = "$proxy_add_x_forwarded_for"

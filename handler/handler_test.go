@@ -190,7 +190,8 @@ func TestCostHeaderOff(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	ts := pinned(t, Options{}, rule("r", 5, time.Minute, limits.KeyIP))
-	const noURI = "missing X-Original-URI header: add \"proxy_set_header X-Original-URI $request_uri;\" to the auth location\n"
+	const noURI = "missing X-Original-URI and X-Original-URL headers: add \"proxy_set_header X-Original-URI $request_uri;\" to the auth location" +
+		" (ingress-nginx's auth-url sets \"X-Original-URL $scheme://$http_host$request_uri\")\n"
 	const noIP = "no valid client IP in X-Real-IP: add \"proxy_set_header X-Real-IP $remote_addr;\" to the auth location\n"
 	tests := []struct {
 		name string
@@ -213,7 +214,8 @@ func TestBadRequests(t *testing.T) {
 
 func TestBadRequestsCustomHeaders(t *testing.T) {
 	ts := pinned(t, Options{URIHeader: "X-Uri", IPHeader: "x-forwarded-for"}, rule("r", 5, time.Minute, limits.KeyIP))
-	equal(t, "missing X-Uri header: add \"proxy_set_header X-Uri $request_uri;\" to the auth location\n",
+	equal(t, "missing X-Uri and X-Original-URL headers: add \"proxy_set_header X-Uri $request_uri;\" to the auth location"+
+		" (ingress-nginx's auth-url sets \"X-Original-URL $scheme://$http_host$request_uri\")\n",
 		ts.auth(t, "X-Forwarded-For", "192.0.2.1").body)
 	equal(t, "no valid client IP in x-forwarded-for: add \"proxy_set_header x-forwarded-for $proxy_add_x_forwarded_for;\" to the auth location\n",
 		ts.auth(t, "X-Uri", "/", "X-Forwarded-For", "junk").body)
@@ -266,7 +268,7 @@ func TestIdentity(t *testing.T) {
 
 	ts.auth(t, "X-Original-URI", "http://h/%7euser", "X-Real-IP", " 2001:DB8::1 ",
 		"X-Original-Method", "POST", "X-Original-Host", "API.example.com", "X-User-Id", "alice", "X-Cost", "7")
-	equal(t, "method=POST route=/~user host=api.example.com ip=2001:db8::1 user=alice cost=7", <-rec.got)
+	equal(t, "method=POST route=/~user host=api.example.com ip=2001:db8::/64 user=alice cost=7", <-rec.got)
 }
 
 func TestStoreFailure(t *testing.T) {

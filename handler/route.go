@@ -161,14 +161,11 @@ func decodeAt(path []byte, i int) (byte, int) {
 // target ("http://host:80/p?q" gives "/p?q"). A target that is not
 // absolute-form is returned unchanged and NormalizeRoute roots it.
 func absolutePath(uri []byte) []byte {
-	i := 0
-	for i < len(uri) && (isAlpha(uri[i]) || i > 0 && (isDigit(uri[i]) || uri[i] == '+' || uri[i] == '-' || uri[i] == '.')) {
-		i++
-	}
-	if i == 0 || len(uri) < i+3 || uri[i] != ':' || uri[i+1] != '/' || uri[i+2] != '/' {
+	n := schemeLen(uri)
+	if n == 0 {
 		return uri
 	}
-	rest := uri[i+3:]
+	rest := uri[n:]
 	for j, c := range rest {
 		if c == '/' || c == '?' || c == '#' {
 			return rest[j:]
@@ -176,6 +173,21 @@ func absolutePath(uri []byte) []byte {
 	}
 	return nil
 }
+
+// schemeLen is the length of the "scheme://" b starts with, or 0.
+func schemeLen(b []byte) int {
+	i := 0
+	for i < len(b) && (isAlpha(b[i]) || i > 0 && (isDigit(b[i]) || b[i] == '+' || b[i] == '-' || b[i] == '.')) {
+		i++
+	}
+	if i == 0 || len(b) < i+3 || b[i] != ':' || b[i+1] != '/' || b[i+2] != '/' {
+		return 0
+	}
+	return i + 3
+}
+
+// isAbsoluteURL reports whether b starts with a scheme and "://".
+func isAbsoluteURL(b []byte) bool { return schemeLen(b) > 0 }
 
 func isAlpha(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

@@ -620,6 +620,31 @@ func TestDescribe(t *testing.T) {
 	}
 }
 
+// TestDescribeWarnsAboutSubSecondPolicies: -check says how a period that is
+// not whole seconds is advertised, and says nothing for the others.
+func TestDescribeWarnsAboutSubSecondPolicies(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`rules:
+  - {name: burst, algorithm: gcra, limit: 10, period: 500ms}
+  - {name: slow, algorithm: fixed_window, limit: 7, period: 1500ms}
+  - {name: minute, algorithm: fixed_window, limit: 5, period: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := c.Describe()
+	for _, want := range []string{
+		"warning:    the period 500ms is not a whole number of seconds, which RateLimit-Policy needs: it says q=20;w=1 (2 periods of 500ms: the same rate, stated over 1s)",
+		"warning:    the period 1.5s is not a whole number of seconds, which RateLimit-Policy needs: it says q=14;w=3 (2 periods of 1.5s: the same rate, stated over 3s)",
+	} {
+		if !strings.Contains(desc, want) {
+			t.Errorf("Describe() does not say %q:\n%s", want, desc)
+		}
+	}
+	if n := strings.Count(desc, "warning:"); n != 2 {
+		t.Errorf("%d warnings, want 2 (none for 5 per 1m):\n%s", n, desc)
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "nope.yaml")
 	_, err := Load(path)

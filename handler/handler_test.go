@@ -540,10 +540,10 @@ func TestCannedDecisions(t *testing.T) {
 		d    canned
 		want reply
 	}{
-		{"sub-second retry rounds up to 1; period rounds up", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
+		{"sub-second retry rounds up to 1; 1500ms is stated as 2 periods", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{Remaining: -3, ResetUS: 1, RetryUS: 1}},
 		}}, reply{status: 429, body: "", headers: map[string]string{
-			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
+			"ratelimit-policy":      `"we\"ird\\";q=14;w=3`,
 			"ratelimit":             `"we\"ird\\";r=0;t=1`,
 			"x-ratelimit-limit":     "7",
 			"x-ratelimit-remaining": "0",
@@ -554,7 +554,7 @@ func TestCannedDecisions(t *testing.T) {
 		{"zero retry still says 1", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{RetryUS: 0}},
 		}}, reply{status: 429, body: "", headers: map[string]string{
-			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
+			"ratelimit-policy":      `"we\"ird\\";q=14;w=3`,
 			"ratelimit":             `"we\"ird\\";r=0;t=0`,
 			"x-ratelimit-limit":     "7",
 			"x-ratelimit-remaining": "0",
@@ -566,7 +566,7 @@ func TestCannedDecisions(t *testing.T) {
 		{"reset rounds up", canned{Admitted: true, Denier: -1, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{Allowed: true, Remaining: 6, ResetUS: 41_000_001}},
 		}}, reply{status: 204, headers: map[string]string{
-			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
+			"ratelimit-policy":      `"we\"ird\\";q=14;w=3`,
 			"ratelimit":             `"we\"ird\\";r=6;t=42`,
 			"x-ratelimit-limit":     "7",
 			"x-ratelimit-remaining": "6",

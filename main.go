@@ -328,20 +328,24 @@ func isLoopback(a net.Addr) bool {
 
 func handlerOptions(cfg *config.Config, log zerolog.Logger) handler.Options {
 	id := cfg.Identity
-	return handler.Options{
+	opts := handler.Options{
 		UserHeader:     id.UserHeader,
 		IPHeader:       id.IPHeader,
 		URIHeader:      id.URIHeader,
+		URLHeader:      id.URLHeader,
 		MethodHeader:   id.MethodHeader,
 		HostHeader:     id.HostHeader,
 		TrustedProxies: id.TrustedProxies,
 		CostHeader:     id.CostHeader,
 		MaxCost:        id.MaxCost,
+		IPv6Prefix:     id.IPv6Prefix,
 		DenyStatus:     cfg.DenyStatus,
 		Timeout:        cfg.Redis.Timeout,
 		FailureMode:    cfg.FailureMode,
 		Logger:         log,
 	}
+	opts.RequestIDHeader = id.RequestIDHeader
+	return opts
 }
 
 // openStore connects to Redis when a URL, cluster or sentinel is configured

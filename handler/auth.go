@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 )
 
@@ -191,7 +192,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 		v := &d.Verdicts[i]
 		if v.Rule.Shadow {
 			if !v.Result.Allowed {
-				h.logShadow(v, s)
+				h.logShadow(ctx, v, s)
 			}
 			continue
 		}
@@ -278,25 +279,72 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	}
 	s.buf = buf
 
-	h.denyLog.Info().
-		Str("rule", name).
-		Bytes("ip", s.req.IP).
-		Bytes("method", s.req.Method).
-		Bytes("route", s.req.Route).
-		Bytes("user", s.req.User).
-		Msg("request limited")
+	if e := h.denyLog.Info(); e.Enabled() {
+		if d.Cached {
+			e.Bool("deny_cache", true)
+		}
+		h.verdictFields(e, ctx, v, s).Msg("request limited")
+	}
 }
 
 // logShadow logs, sampled, a shadow rule that would have denied s's request.
-func (h *Handler) logShadow(v *limits.Verdict, s *scratch) {
-	h.shadowLog.Info().
-		Str("rule", v.Rule.Name).
-		Bool("shadow", true).
+func (h *Handler) logShadow(ctx *fasthttp.RequestCtx, v *limits.Verdict, s *scratch) {
+	if e := h.shadowLog.Info(); e.Enabled() {
+		h.verdictFields(e.Bool("shadow", true), ctx, v, s).
+			Msg("shadow rule would have limited this request (not enforced)")
+	}
+}
+
+// maxLoggedRequestID bounds the request id a log line quotes: NGINX's is 32
+// hex digits, and a setup that passes the client's own header through must
+// not let it grow log lines.
+const maxLoggedRequestID = 64
+
+// verdictFields adds to e what answers "why was this request limited?":
+// the rule, every identity dimension (ip, user, route, method, host, and the
+// headers the rule is keyed on), the store key, the rule's numbers and this
+// request's, and NGINX's request id. Durations carry their unit in the name.
+func (h *Handler) verdictFields(e *zerolog.Event, ctx *fasthttp.RequestCtx, v *limits.Verdict, s *scratch) *zerolog.Event {
+	r := v.Rule
+	e.Str("rule", r.Name).
 		Bytes("ip", s.req.IP).
-		Bytes("method", s.req.Method).
-		Bytes("route", s.req.Route).
 		Bytes("user", s.req.User).
-		Msg("shadow rule would have limited this request (not enforced)")
+		Bytes("route", s.req.Route).
+		Bytes("method", s.req.Method).
+		Bytes("host", s.req.Host)
+	if hasHeaderKey(r) {
+		hd := zerolog.Dict()
+		for _, p := range r.Key {
+			if p.Kind == limits.KeyHeader {
+				hd.Bytes(p.Header, s.req.Headers.Peek(p.Header))
+			}
+		}
+		e.Dict("headers", hd)
+	}
+	e.Str("key", v.Key).
+		Int64("limit", r.Limit).
+		Int64("period_ms", r.Period.Milliseconds()).
+		Int64("remaining", max(v.Result.Remaining, 0)).
+		Int64("cost", v.Cost)
+	if v.Result.RetryUS == limits.NeverFits {
+		e.Bool("never_fits", true)
+	} else {
+		e.Int64("retry_after_ms", ceilDiv(v.Result.RetryUS, 1000))
+	}
+	if id := ctx.Request.Header.PeekBytes(h.requestIDHeader); len(id) > 0 {
+		e.Bytes("request_id", id[:min(len(id), maxLoggedRequestID)])
+	}
+	return e
+}
+
+// hasHeaderKey reports whether r is keyed on a request header.
+func hasHeaderKey(r *limits.Rule) bool {
+	for _, p := range r.Key {
+		if p.Kind == limits.KeyHeader {
+			return true
+		}
+	}
+	return false
 }
 
 // PolicyWindow returns the quota q and the window w, in whole seconds, that

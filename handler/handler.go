@@ -25,6 +25,9 @@ const (
 	DefaultURLHeader    = "X-Original-URL"
 	DefaultMethodHeader = "X-Original-Method"
 	DefaultHostHeader   = "X-Original-Host"
+	// DefaultRequestIDHeader carries NGINX's $request_id, quoted in
+	// denial log lines so a denial can be found in NGINX's access log.
+	DefaultRequestIDHeader = "X-Request-Id"
 )
 
 // Defaults for the numeric options.
@@ -63,6 +66,9 @@ type Options struct {
 	// IPv6Prefix is the length of the network an IPv6 client's `ip`
 	// dimension is (default 64; see AppendIPIdentity).
 	IPv6Prefix int
+	// RequestIDHeader (default X-Request-Id) carries NGINX's $request_id;
+	// denial and shadow log lines quote it.
+	RequestIDHeader string
 	// TrustedProxies are the hops skipped when walking X-Forwarded-For.
 	// Unused for any other IPHeader.
 	TrustedProxies []netip.Prefix
@@ -78,7 +84,8 @@ type Options struct {
 	// FailureMode is FailAllow (default), FailDeny or FailLocal.
 	FailureMode string
 	// Logger receives sampled store errors, denials and shadow rules that
-	// would have denied. The zero Logger discards everything.
+	// would have denied, and per second the number of denial and shadow
+	// lines the sampling suppressed. The zero Logger discards everything.
 	Logger zerolog.Logger
 	// Observer, when set, is told about every /auth answer (metrics, the
 	// admin API's top-denied sketch). Nil observes nothing.
@@ -152,7 +159,7 @@ type Handler struct {
 	dec   Decider
 	store Pinger
 
-	userHeader, ipHeader, uriHeader, urlHeader, methodHeader, hostHeader, costHeader []byte
+	userHeader, ipHeader, uriHeader, urlHeader, methodHeader, hostHeader, costHeader, requestIDHeader []byte
 	// ipHeaderName is IPHeader as a string, for PeekAll.
 	ipHeaderName string
 	xff          bool
@@ -167,10 +174,13 @@ type Handler struct {
 	missingURI, badURL, noIP, badCost []byte
 
 	// errLog, denyLog and shadowLog are sampled so that a dead store or an
-	// attack produce a few lines per second, not one per request.
-	errLog    zerolog.Logger
-	denyLog   zerolog.Logger
-	shadowLog zerolog.Logger
+	// attack produce a few lines per second, not one per request. The
+	// samplers of denyLog and shadowLog count what they drop and say so.
+	errLog        zerolog.Logger
+	denyLog       zerolog.Logger
+	shadowLog     zerolog.Logger
+	denySampler   *countingSampler
+	shadowSampler *countingSampler
 
 	obs Observer
 
@@ -232,6 +242,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	h.urlHeader = []byte(url)
 	h.methodHeader = []byte(name(opts.MethodHeader, DefaultMethodHeader))
 	h.hostHeader = []byte(name(opts.HostHeader, DefaultHostHeader))
+	h.requestIDHeader = []byte(name(opts.RequestIDHeader, DefaultRequestIDHeader))
 	h.xff = strings.EqualFold(ip, fasthttp.HeaderXForwardedFor)
 	if opts.CostHeader != "" {
 		h.costHeader = []byte(opts.CostHeader)
@@ -290,18 +301,20 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	h.errLog = log.Sample(&zerolog.BurstSampler{
 		Burst: 1, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
 	})
-	// A few denials per second for the operator to see what is limited;
-	// a flood adds one line per 1000 denials.
-	h.denyLog = log.Sample(&zerolog.BurstSampler{
-		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
-	})
+	// A few denials per second for the operator to see what is limited,
+	// and one line per second saying how many more there were.
+	h.denySampler = newCountingSampler(log, zerolog.InfoLevel, "denial", denialBurst, time.Second)
+	h.denyLog = log.Sample(h.denySampler)
 	// Shadow rules exist to be watched: the same budget as denials, kept
 	// apart so a noisy shadow rule cannot hide real denials.
-	h.shadowLog = log.Sample(&zerolog.BurstSampler{
-		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
-	})
+	h.shadowSampler = newCountingSampler(log, zerolog.InfoLevel, "shadow", denialBurst, time.Second)
+	h.shadowLog = log.Sample(h.shadowSampler)
 	return h
 }
+
+// denialBurst is how many denial (and, apart, shadow) lines a second are
+// logged in full.
+const denialBurst = 10
 
 var (
 	bodyOK       = []byte("ok\n")

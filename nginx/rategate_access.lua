@@ -70,8 +70,12 @@ end
 -- setvar sets an NGINX variable the configuration declares with "set"; a
 -- configuration without it (an older copy of rategate-lua.conf) loses only
 -- the logging, not the decision.
+local function assign(name, value)
+    ngx.var[name] = value
+end
+
 local function setvar(name, value)
-    pcall(function() ngx.var[name] = value end)
+    pcall(assign, name, value)
 end
 
 -- record keeps the decision for the access log and the application.

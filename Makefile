@@ -3,11 +3,11 @@
 # runs vet, the unit and integration tests with -race, and the e2e suite.
 
 GO ?= go
-APT_PACKAGES := redis-server redis-sentinel nginx libnginx-mod-http-lua curl docker-compose
+APT_PACKAGES := redis-server redis-sentinel nginx libnginx-mod-http-lua curl docker-compose prometheus
 
-.PHONY: test deps vet unit e2e run build check fmt
+.PHONY: test deps vet unit e2e deploy-check run build check fmt
 
-test: deps vet unit e2e
+test: deps vet deploy-check unit e2e
 
 # Install the real servers the tests use when a binary is missing.
 deps:
@@ -19,12 +19,21 @@ deps:
 	test -e /usr/lib/nginx/modules/ngx_http_lua_module.so || missing="$$missing libnginx-mod-http-lua"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES) >/dev/null || exit 1; \
 	fi
-	@redis-server --version | head -1; redis-sentinel --version | head -1; nginx -v 2>&1
+	@redis-server --version | head -1; redis-sentinel --version | head -1; nginx -v 2>&1; promtool --version 2>&1 | head -1
+
+# deploy/: the Kubernetes manifests (kustomize build, kubectl-validate against
+# the API's schemas), the Prometheus rules (promtool check rules, promtool test
+# rules) and configurations (promtool check config). The pinned Go tools are
+# installed on first use into ~/.cache/rategate-tools (see deploy/check.sh).
+deploy-check:
+	GO=$(GO) bash deploy/check.sh
 
 fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -39,7 +48,7 @@ unit:
 	$(GO) test -race -count=1 -p 1 -timeout 20m ./...
 	@# The hot-path allocation guards skip under -race (the race detector
 	@# makes sync.Pool drop items), so they run once more without it.
-	$(GO) test -count=1 -run 'Allocs|CostsNothing' ./handler/ ./admin/ ./limits/
+	$(GO) test -count=1 -run 'Allocs|CostsNothing' ./handler/ ./app/ ./limits/
 
 # The end-to-end suite (e2e/, build tag e2e): real redis-server, two rategate
 # processes, real nginx for every config in nginx/, driven with curl.
@@ -56,12 +65,13 @@ run:
 check:
 	$(GO) run . -check -config $(CONFIG)
 
-# The load benchmark, not part of `make test` (about 5 minutes): wrk and a
-# fixed-rate generator against NGINX + rategate + Redis and against a
-# do-nothing floor, alternated, on loopback ports; installs wrk (and
-# redis-server, nginx, linux-perf) when missing. Results: bench/results/.
-# See README "Performance" for the knobs (BENCH_DURATION, BENCH_ROUNDS,
-# BENCH_SCENARIOS, ...).
+# The load benchmark, not part of `make test` (about 9 minutes): wrk and a
+# fixed-rate generator against NGINX + rategate + Redis, against the minimal
+# limiter a team would write (bench/minimal) and against a do-nothing floor,
+# alternated, on loopback ports; installs wrk (and redis-server,
+# redis-tools, nginx, linux-perf) when missing. Results: bench/results/.
+# See bench/README.md for the knobs (BENCH_DURATION, BENCH_ROUNDS,
+# BENCH_SCENARIOS, ...) and the targets.
 .PHONY: bench
 bench:
 	bash bench/run.sh

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"net/textproto"
@@ -12,16 +13,17 @@ import (
 
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/policy"
 )
 
 // KeyView is GET /v1/keys/{rule}: one identity's state under one rule.
 type KeyView struct {
-	Rule      string   `json:"rule"`
-	Algorithm string   `json:"algorithm"`
-	Key       string   `json:"key"`
-	Limit     int64    `json:"limit"`
-	Period    Duration `json:"period"`
-	Burst     int64    `json:"burst"`
+	Rule      string          `json:"rule"`
+	Algorithm string          `json:"algorithm"`
+	Key       string          `json:"key"`
+	Limit     int64           `json:"limit"`
+	Period    policy.Duration `json:"period"`
+	Burst     int64           `json:"burst"`
 	// Remaining is the quota left now (cost units), 0..burst.
 	Remaining int64 `json:"remaining"`
 	// ResetSeconds is the time until the quota is fully back, rounded up.
@@ -35,6 +37,11 @@ type KeyView struct {
 	// Reset is true on a DELETE answer.
 	Reset bool `json:"reset,omitempty"`
 }
+
+// problemList is every problem with a query, one per parameter.
+type problemList []string
+
+func (p problemList) Error() string { return strings.Join(p, "; ") }
 
 // headerMap implements limits.Headers for the identity given in the query.
 type headerMap map[string][]byte
@@ -101,7 +108,7 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args) (*limits.Request, er
 		}
 	}
 	if len(problems) > 0 {
-		return nil, fieldErrors(problems)
+		return nil, problemList(problems)
 	}
 	return req, nil
 }
@@ -126,53 +133,46 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 	}
 	req, err := identityFromQuery(r, ctx.QueryArgs())
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(fieldErrors))
-		return
-	}
-	key, ok := s.limiter.KeyFor(r, req)
-	if !ok {
-		writeError(ctx, fasthttp.StatusBadRequest, "rule \""+name+"\" does not apply to this identity (anonymous: skip)", nil)
+		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(problemList))
 		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	check := r.Check(key, 0)
-	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Key: key, Limit: r.Limit, Period: Duration(r.Period), Burst: r.Burst}
+	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Limit: r.Limit, Period: policy.Duration(r.Period), Burst: r.Burst}
 	if method == "DELETE" {
-		err := s.store.Reset(c, check)
-		// Cached denials of the key are stale once it is gone. Forget them
-		// (here and on the other instances) even when the reset failed: it
-		// may have run anyway, and forgetting only costs a store round trip.
-		if dc := s.limiter.DenyCache(); dc != nil {
-			if aerr := dc.KeyReset(c, key); aerr != nil {
-				s.log.Warn().Err(aerr).Str("rule", r.Name).Str("key", key).
-					Msg("cannot announce the key reset: other instances may keep denying this identity from their deny cache until its retry time")
-			}
+		key, announceErr, err := s.limiter.ResetKey(c, r, req)
+		v.Key = key
+		if announceErr != nil {
+			s.log.Warn().Err(announceErr).Str("rule", r.Name).Str("key", key).
+				Msg("cannot announce the key reset: other instances may keep denying this identity from their deny cache until its retry time")
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, limits.ErrNotApplicable):
+			writeError(ctx, fasthttp.StatusBadRequest, "rule \""+name+"\" does not apply to this identity (anonymous: skip)", nil)
+			return
+		case err != nil:
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "reset "+key+": "+err.Error(), nil)
 			return
 		}
 		s.log.Info().Str("rule", r.Name).Str("key", key).Msg("key reset through the admin API")
 		v.Reset = true
 	}
-	res, err := s.store.Peek(c, check)
-	if err != nil {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "peek "+key+": "+err.Error(), nil)
+	st, err := s.limiter.Inspect(c, r, req)
+	switch {
+	case errors.Is(err, limits.ErrNotApplicable):
+		writeError(ctx, fasthttp.StatusBadRequest, "rule \""+name+"\" does not apply to this identity (anonymous: skip)", nil)
+		return
+	case err != nil:
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "peek "+st.Key+": "+err.Error(), nil)
 		return
 	}
-	v.Remaining = min(max(res.Remaining, 0), max(r.Burst, r.Limit))
-	v.ResetUS = max(res.ResetUS, 0)
+	v.Key = st.Key
+	v.Remaining = min(max(st.Result.Remaining, 0), max(r.Burst, r.Limit))
+	v.ResetUS = max(st.Result.ResetUS, 0)
 	v.ResetSeconds = (v.ResetUS + 999_999) / 1_000_000
-	if in, ok := s.store.(limits.Inspector); ok {
-		raw, err := in.Raw(c, key)
-		if err != nil {
-			v.RawError = err.Error()
-		} else {
-			v.Raw = &raw
-		}
-	} else {
-		v.RawError = "the store cannot show raw values"
+	v.Raw = st.Raw
+	if st.RawErr != nil {
+		v.RawError = st.RawErr.Error()
 	}
 	writeJSON(ctx, fasthttp.StatusOK, v)
 }

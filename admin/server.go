@@ -1,8 +1,10 @@
-// Package admin is rategate's operations side, served on the admin listener
-// (loopback by default): Prometheus metrics, the rules in force with their
-// runtime overrides, config reload, key inspection and reset, and the
-// identities denied most. It also holds the `rategate admin` command-line
-// client for that API. See docs/operations.md.
+// Package admin is rategate's admin HTTP API, served on the admin listener
+// (loopback by default, or behind admin.token): Prometheus metrics, the
+// rules in force with their runtime overrides, config reload, key
+// inspection and reset, the identities denied most, and Go profiles. It
+// only speaks HTTP: what it shows and changes belongs to the limiter, the
+// policy manager and the top-denied sketch, handed to it at wiring time.
+// See docs/operations.md; the command-line client is package admincli.
 package admin
 
 import (
@@ -12,8 +14,12 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -21,40 +27,72 @@ import (
 
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/metrics"
+	"github.com/rategate/rategate/policy"
+	"github.com/rategate/rategate/top"
 )
 
 // DefaultTimeout bounds the store calls of one admin request.
 const DefaultTimeout = 2 * time.Second
 
+// Reloader re-reads the config file and applies what can be swapped.
+type Reloader interface {
+	Reload(trigger string) (ReloadResult, error)
+}
+
+// ReloadResult describes a reload that applied the file.
+type ReloadResult struct {
+	Source string `json:"source"`
+	Rules  int    `json:"rules"`
+	// Added, Removed and Changed list rule names by what the reload did.
+	Added   []string `json:"added"`
+	Removed []string `json:"removed"`
+	Changed []string `json:"changed"`
+	// Applied lists the other settings the reload changed
+	// ("failure_mode", "deny_status", "admin.token", ...).
+	Applied []string `json:"applied"`
+	// NeedRestart lists every changed setting a reload cannot swap (a
+	// listener, the store's address), field by field: the running process
+	// keeps its old value until it restarts. A reload with any is reported
+	// as partial (HTTP 409, exit status 1 of `rategate admin reload`).
+	NeedRestart []string `json:"need_restart"`
+}
+
+// ErrNoConfigFile is a Reloader's error when rategate runs the built-in
+// example policy: there is no file to re-read.
+var ErrNoConfigFile = errors.New("no config file in use (rategate runs the built-in example policy); start it with -config FILE to reload")
+
+// MetricsWriter writes the Prometheus text exposition; *metrics.Metrics is one.
+type MetricsWriter interface {
+	WritePrometheus(w io.Writer)
+}
+
 // Server serves the admin API. It is safe for concurrent use.
 type Server struct {
-	token   [32]byte // sha256 of "Bearer <token>"
-	auth    bool
-	rules   *Manager
-	limiter *limits.Limiter
-	store   limits.Store
-	metrics *metrics.Metrics
-	top     *Top
-	log     zerolog.Logger
-	timeout time.Duration
-	pprof   bool
+	token    atomic.Pointer[[32]byte] // sha256 of the token; nil: no token
+	rules    *policy.Manager
+	limiter  *limits.Limiter
+	reloader Reloader
+	metrics  MetricsWriter
+	top      *top.Top
+	log      zerolog.Logger
+	timeout  time.Duration
+	pprof    bool
 
-	bufs sync.Pool // of *[]byte, for /metrics
+	bufs sync.Pool // of *bytes.Buffer, for /metrics
 }
 
 // ServerOptions configures NewServer. Rules and Limiter are required.
 type ServerOptions struct {
 	// Token, when not empty, is required on every call as
-	// "Authorization: Bearer <token>".
+	// "Authorization: Bearer <token>" (SetToken changes it).
 	Token   string
-	Rules   *Manager
+	Rules   *policy.Manager
 	Limiter *limits.Limiter
-	// Store answers key inspection and reset; default Limiter.Store().
-	Store   limits.Store
-	Metrics *metrics.Metrics
-	Top     *Top
-	Log     zerolog.Logger
+	// Reloader answers POST /v1/reload; nil answers 409.
+	Reloader Reloader
+	Metrics  MetricsWriter
+	Top      *top.Top
+	Log      zerolog.Logger
 	// Timeout bounds each store call (DefaultTimeout).
 	Timeout time.Duration
 	// Pprof serves Go's profiles under /debug/pprof/ (off by default: a
@@ -65,82 +103,137 @@ type ServerOptions struct {
 // NewServer returns the admin API handler.
 func NewServer(opts ServerOptions) *Server {
 	s := &Server{
-		auth:    opts.Token != "",
-		rules:   opts.Rules,
-		limiter: opts.Limiter,
-		store:   opts.Store,
-		metrics: opts.Metrics,
-		top:     opts.Top,
-		log:     opts.Log,
-		timeout: opts.Timeout,
-		pprof:   opts.Pprof,
+		rules:    opts.Rules,
+		limiter:  opts.Limiter,
+		reloader: opts.Reloader,
+		metrics:  opts.Metrics,
+		top:      opts.Top,
+		log:      opts.Log,
+		timeout:  opts.Timeout,
+		pprof:    opts.Pprof,
 	}
-	if s.auth {
-		s.token = sha256.Sum256([]byte("Bearer " + opts.Token))
-	}
-	if s.store == nil {
-		s.store = opts.Limiter.Store()
-	}
+	s.SetToken(opts.Token)
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
 	}
-	s.bufs.New = func() any { b := make([]byte, 0, 64<<10); return &b }
+	s.bufs.New = func() any { return bytes.NewBuffer(make([]byte, 0, 64<<10)) }
 	return s
 }
 
-// authorized compares the Authorization header with the token in constant
-// time (both sides hashed first, so neither the length nor a prefix leaks).
-func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	if !s.auth {
-		return true
+// SetToken changes the admin token ("" turns authentication off); calls
+// already authorized finish.
+func (s *Server) SetToken(token string) {
+	if token == "" {
+		s.token.Store(nil)
+		return
 	}
-	got := sha256.Sum256(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-	return subtle.ConstantTimeCompare(got[:], s.token[:]) == 1
+	h := sha256.Sum256([]byte(token))
+	s.token.Store(&h)
 }
 
-// Serve is the fasthttp handler of the admin listener.
+// authorized checks "Authorization: Bearer <token>": the scheme in any case
+// (RFC 9110 section 11.1), the token compared in constant time (both sides
+// hashed first, so neither its length nor a prefix leaks).
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	want := s.token.Load()
+	if want == nil {
+		return true
+	}
+	v := bytes.TrimLeft(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), " ")
+	scheme, cred, ok := bytes.Cut(v, []byte(" "))
+	if !ok || !bytes.EqualFold(scheme, []byte("Bearer")) {
+		return false
+	}
+	got := sha256.Sum256(bytes.TrimSpace(cred))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
+
+// Serve is the fasthttp handler of the admin listener. Routes match the
+// path as the client sent it, segment by segment, each segment decoded on
+// its own: a rule name holding an escaped "/" (r1%2F..%2Fr2) is one
+// segment, an unknown rule, never a way to reach another one.
 func (s *Server) Serve(ctx *fasthttp.RequestCtx) {
 	if !s.authorized(ctx) {
 		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="rategate admin"`)
 		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong admin token: send \"Authorization: Bearer <admin.token>\"", nil)
 		return
 	}
-	path := string(ctx.Path())
+	path := string(ctx.Request.URI().PathOriginal())
+	segs, ok := splitPath(path)
+	if !ok {
+		writeError(ctx, fasthttp.StatusBadRequest, "malformed path "+strconv.Quote(path), nil)
+		return
+	}
 	method := string(ctx.Method())
 	switch {
-	case path == "/metrics":
+	case match(segs, "metrics"):
 		if allow(ctx, method, "GET") {
 			s.serveMetrics(ctx)
 		}
-	case path == "/v1/rules":
+	case match(segs, "v1", "rules"):
 		if allow(ctx, method, "GET") {
 			writeJSON(ctx, fasthttp.StatusOK, s.rules.View())
 		}
-	case strings.HasPrefix(path, "/v1/rules/") && strings.HasSuffix(path, "/override"):
-		name := strings.TrimSuffix(strings.TrimPrefix(path, "/v1/rules/"), "/override")
+	case match(segs, "v1", "rules", "*", "override"):
 		if allow(ctx, method, "PUT", "DELETE") {
-			s.override(ctx, method, name)
+			s.override(ctx, method, segs[2])
 		}
-	case strings.HasPrefix(path, "/v1/keys/"):
+	case match(segs, "v1", "keys", "*"):
 		if allow(ctx, method, "GET", "DELETE") {
-			s.key(ctx, method, strings.TrimPrefix(path, "/v1/keys/"))
+			s.key(ctx, method, segs[2])
 		}
-	case path == "/v1/top":
+	case match(segs, "v1", "top"):
 		if allow(ctx, method, "GET") {
 			s.serveTop(ctx)
 		}
-	case path == "/v1/reload":
+	case match(segs, "v1", "reload"):
 		if allow(ctx, method, "POST") {
 			s.reload(ctx)
 		}
-	case strings.HasPrefix(path, "/debug/pprof"):
-		s.servePprof(ctx, path)
-	case path == "/" || path == "/v1":
+	case len(segs) >= 2 && segs[0] == "debug" && segs[1] == "pprof":
+		s.servePprof(ctx, string(ctx.Path()))
+	case len(segs) == 0 || match(segs, "v1"):
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString(index)
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "no such admin endpoint "+path+"; GET / lists them", nil)
 	}
+}
+
+// splitPath splits a raw request path into its segments, each
+// percent-decoded on its own; a trailing slash is ignored. ok is false for
+// a path that does not start with "/" or holds an invalid escape.
+func splitPath(raw string) (segs []string, ok bool) {
+	if !strings.HasPrefix(raw, "/") {
+		return nil, false
+	}
+	raw = strings.TrimSuffix(raw[1:], "/")
+	if raw == "" {
+		return nil, true
+	}
+	for _, p := range strings.Split(raw, "/") {
+		d, err := url.PathUnescape(p)
+		if err != nil {
+			return nil, false
+		}
+		segs = append(segs, d)
+	}
+	return segs, true
+}
+
+// match reports whether segs are exactly pattern, "*" matching any one
+// non-empty segment.
+func match(segs []string, pattern ...string) bool {
+	if len(segs) != len(pattern) {
+		return false
+	}
+	for i, p := range pattern {
+		if p == "*" && segs[i] != "" || p == segs[i] {
+			continue
+		}
+		return false
+	}
+	return true
 }
 
 const index = `rategate admin API
@@ -167,23 +260,26 @@ func allow(ctx *fasthttp.RequestCtx, method string, methods ...string) bool {
 	return false
 }
 
+// metricsContentType is the Prometheus text format's Content-Type.
+const metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
+
 func (s *Server) serveMetrics(ctx *fasthttp.RequestCtx) {
 	if s.metrics == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "metrics are off", nil)
 		return
 	}
-	bp := s.bufs.Get().(*[]byte)
-	b := s.metrics.AppendText((*bp)[:0])
-	ctx.SetContentType(metrics.ContentType)
-	ctx.SetBody(b) // copies
-	*bp = b
-	s.bufs.Put(bp)
+	buf := s.bufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	s.metrics.WritePrometheus(buf)
+	ctx.SetContentType(metricsContentType)
+	ctx.SetBody(buf.Bytes()) // copies
+	s.bufs.Put(buf)
 }
 
 func (s *Server) override(ctx *fasthttp.RequestCtx, method, name string) {
 	c, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	var rv RuleView
+	var rv policy.RuleView
 	var err error
 	if method == "PUT" {
 		rv, err = s.rules.SetOverride(c, name, ctx.PostBody())
@@ -191,10 +287,10 @@ func (s *Server) override(ctx *fasthttp.RequestCtx, method, name string) {
 		rv, err = s.rules.DeleteOverride(c, name)
 	}
 	if err != nil {
-		var fe fieldErrors
-		var se *storeError
+		var fe policy.FieldErrors
+		var se *policy.StoreError
 		switch {
-		case errors.Is(err, ErrUnknownRule):
+		case errors.Is(err, policy.ErrUnknownRule):
 			writeError(ctx, fasthttp.StatusNotFound, err.Error(), nil)
 		case errors.As(err, &fe):
 			writeError(ctx, fasthttp.StatusBadRequest, "invalid override for rule \""+name+"\"", fe)
@@ -209,7 +305,11 @@ func (s *Server) override(ctx *fasthttp.RequestCtx, method, name string) {
 }
 
 func (s *Server) reload(ctx *fasthttp.RequestCtx) {
-	res, err := s.rules.Reload("admin api")
+	if s.reloader == nil {
+		writeError(ctx, fasthttp.StatusConflict, ErrNoConfigFile.Error(), nil)
+		return
+	}
+	res, err := s.reloader.Reload("admin api")
 	if err != nil {
 		if errors.Is(err, ErrNoConfigFile) {
 			writeError(ctx, fasthttp.StatusConflict, err.Error(), nil)
@@ -227,15 +327,20 @@ func (s *Server) reload(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "config invalid: the running rules were kept", msgs)
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, struct {
+	result, status := "success", fasthttp.StatusOK
+	if len(res.NeedRestart) > 0 {
+		// Applied what it could; the rest waits for a restart.
+		result, status = "partial", fasthttp.StatusConflict
+	}
+	writeJSON(ctx, status, struct {
 		Result string `json:"result"`
 		ReloadResult
-	}{"success", res})
+	}{result, res})
 }
 
 func (s *Server) serveTop(ctx *fasthttp.RequestCtx) {
 	args := ctx.QueryArgs()
-	minutes, err := minutesParam(string(args.Peek("minutes")))
+	minutes, err := top.MinutesParam(string(args.Peek("minutes")))
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), nil)
 		return
@@ -270,23 +375,16 @@ func (s *Server) serveTop(ctx *fasthttp.RequestCtx) {
 }
 
 // ruleByName returns the effective rule called name, or nil.
-func (s *Server) ruleByName(name string) *limits.Rule {
-	for _, r := range s.limiter.Rules() {
-		if r.Name == name {
-			return r
-		}
-	}
-	return nil
-}
+func (s *Server) ruleByName(name string) *limits.Rule { return s.limiter.Rule(name) }
 
-// apiError is the body of every admin error.
-type apiError struct {
+// APIError is the body of every admin error.
+type APIError struct {
 	Error  string   `json:"error"`
 	Errors []string `json:"errors,omitempty"`
 }
 
 func writeError(ctx *fasthttp.RequestCtx, status int, msg string, details []string) {
-	writeJSON(ctx, status, apiError{Error: msg, Errors: details})
+	writeJSON(ctx, status, APIError{Error: msg, Errors: details})
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
@@ -297,7 +395,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	if err := enc.Encode(v); err != nil {
 		status = fasthttp.StatusInternalServerError
 		buf.Reset()
-		_ = json.NewEncoder(&buf).Encode(apiError{Error: "encode answer: " + err.Error()})
+		_ = json.NewEncoder(&buf).Encode(APIError{Error: "encode answer: " + err.Error()})
 	}
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")

@@ -2,9 +2,10 @@
 //
 //   - `make bench` (bench/run.sh, bench/runner): the load benchmark. wrk and
 //     a fixed-rate generator (bench/openloop) against NGINX + rategate +
-//     Redis and against the floor (NGINX + bench/floor, a do-nothing 204
-//     server), alternated, on loopback; results as ratios in
-//     bench/results/.
+//     Redis, against bench/minimal (the minimal limiter a team would write
+//     instead) and against the floor (NGINX + bench/floor, a do-nothing 204
+//     server), alternated, on loopback; results as ratios, CPU and Redis
+//     time per decision and targets in bench/results/.
 //   - micro_test.go: Go micro-benchmarks of the hot path, from route
 //     normalization to a whole /auth decision against a real redis-server:
 //     go test -run '^$' -bench . -benchmem ./bench/

@@ -17,15 +17,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/rategate/rategate/admin"
+	"github.com/rategate/rategate/app"
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/lua"
-	"github.com/rategate/rategate/metrics"
 )
 
 // users are the identities the benchmarks cycle through, as make bench's
@@ -128,17 +128,19 @@ func BenchmarkServe(b *testing.B) {
 		d := &canned{Admitted: true, Denier: -1, Verdicts: []limits.Verdict{
 			{Rule: r, Key: "rg:{api-per-user:user1}:fw", Cost: 1, Result: limits.Result{Allowed: true, Remaining: 99, ResetUS: 42_000_000}},
 		}}
-		serveSerial(b, handler.New(d, nil, handler.Options{}), allowed)
+		serveSerial(b, handler.New(d, nil, handler.Options{}).Serve, allowed)
 	})
 	b.Run("memory", func(b *testing.B) {
 		store := limits.NewMemoryStore()
 		defer store.Close()
-		serveSerial(b, handler.New(limits.NewLimiter(store, "rg", cfg.Rules), store, handler.Options{}), allowed)
+		l := limits.NewLimiter(store, "rg", cfg.Rules)
+		serveSerial(b, handler.New(l, l, handler.Options{}).Serve, allowed)
 	})
 	b.Run("memory/denied", func(b *testing.B) {
 		store := limits.NewMemoryStore()
 		defer store.Close()
-		serveSerial(b, handler.New(limits.NewLimiter(store, "rg", cfg.Rules), store, handler.Options{}), attack)
+		l := limits.NewLimiter(store, "rg", cfg.Rules)
+		serveSerial(b, handler.New(l, l, handler.Options{}).Serve, attack)
 	})
 
 	srv := testredis.Start(b)
@@ -164,22 +166,15 @@ var (
 	attack = workload{"/attack/items/1", users[:5]}
 )
 
-// wiredRedis builds the handler as main.go does with -redis.
-func wiredRedis(b *testing.B, srv *testredis.Server, cfg *config.Config) *handler.Handler {
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	rs, err := limits.NewRedisStore(client, "redis "+srv.Addr)
+// wiredRedis builds the handler as the binary does with -redis (app.New).
+func wiredRedis(b *testing.B, srv *testredis.Server, cfg *config.Config) fasthttp.RequestHandler {
+	cfg.Redis.URL = "redis://" + srv.Addr + "/0"
+	a, err := app.New(cfg, app.Options{Log: zerolog.Nop()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { rs.Close() })
-	m := metrics.New()
-	var store limits.Store = metrics.InstrumentStore(rs, m)
-	store = limits.NewBreaker(store, limits.BreakerOptions{ProbeTimeout: cfg.Redis.Timeout})
-	l := limits.NewLimiter(store, cfg.Redis.KeyPrefix, cfg.Rules)
-	return handler.New(l, store, handler.Options{
-		Timeout:  cfg.Redis.Timeout,
-		Observer: admin.Observer{Metrics: m, Top: admin.NewTop()},
-	})
+	b.Cleanup(a.Close)
+	return a.Handler()
 }
 
 func newAuthCtx(uri string) *fasthttp.RequestCtx {
@@ -193,7 +188,7 @@ func newAuthCtx(uri string) *fasthttp.RequestCtx {
 	return ctx
 }
 
-func serveSerial(b *testing.B, h *handler.Handler, w workload) {
+func serveSerial(b *testing.B, h fasthttp.RequestHandler, w workload) {
 	ctx := newAuthCtx(w.uri)
 	b.ReportAllocs()
 	i := 0
@@ -207,7 +202,7 @@ func serveSerial(b *testing.B, h *handler.Handler, w workload) {
 
 // serveParallel serves from ~50 goroutines at once, like NGINX's
 // connections, each with its own RequestCtx.
-func serveParallel(b *testing.B, h *handler.Handler, w workload) {
+func serveParallel(b *testing.B, h fasthttp.RequestHandler, w workload) {
 	b.SetParallelism(25) // 25 x GOMAXPROCS goroutines, 50 on 2 CPUs
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -224,10 +219,10 @@ func serveParallel(b *testing.B, h *handler.Handler, w workload) {
 }
 
 // serveOne serves one request of user; 204 and 429 are the answers expected.
-func serveOne(h *handler.Handler, ctx *fasthttp.RequestCtx, user []byte) error {
+func serveOne(h fasthttp.RequestHandler, ctx *fasthttp.RequestCtx, user []byte) error {
 	ctx.Request.Header.SetBytesV("X-User-Id", user)
 	ctx.Response.Reset()
-	h.Serve(ctx)
+	h(ctx)
 	switch st := ctx.Response.StatusCode(); st {
 	case fasthttp.StatusNoContent, fasthttp.StatusTooManyRequests:
 		if ctx.Response.Header.Peek("X-RateLimit-Status") != nil {

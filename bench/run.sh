@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # make bench: the load benchmark (see README "Performance" and bench/runner).
 #
-# Installs what is missing (wrk, redis-server, nginx, linux-perf), builds rategate, the
-# floor server, the open-loop generator and the runner into a temporary
-# directory, and runs the runner, which starts every server on free
-# loopback ports, measures, stops them, and writes bench/results/.
+# Installs what is missing (wrk, redis-server with redis-benchmark, nginx,
+# linux-perf), builds rategate, the floor server, the minimal limiter, the
+# open-loop generator and the runner into a temporary directory, and runs
+# the runner, which starts every server on free loopback ports, measures,
+# stops them, and writes bench/results/.
 #
 # Knobs: BENCH_DURATION (3s) BENCH_ROUNDS (4) BENCH_CONNECTIONS (50)
 # BENCH_THREADS (2) BENCH_USERS (10000) BENCH_SCENARIOS (all; comma list)
@@ -13,6 +14,7 @@
 # connections instead of the shipped 32 and 16; the results say so)
 # BENCH_KEEP=1 keeps the work directory (configs and every server's log).
 # BENCH_PPROF=1 saves CPU profiles of rategate (bench/results/profiles-<time>/).
+# BENCH_LEASE=1 adds hot-key's rategate-lease arm (the rule with lease: true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +34,7 @@ apt_install() {
 missing=""
 command -v wrk >/dev/null 2>&1 || missing="$missing wrk"
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v redis-benchmark >/dev/null 2>&1 || missing="$missing redis-tools"
 command -v nginx >/dev/null 2>&1 || missing="$missing nginx"
 if [ -n "$missing" ]; then
 	echo "installing:$missing"
@@ -80,6 +83,7 @@ echo "building into $work/bin"
 mkdir -p "$work/bin"
 CGO_ENABLED=0 $GO build -trimpath -o "$work/bin/rategate" .
 $GO build -o "$work/bin/floor" ./bench/floor
+$GO build -o "$work/bin/minimal" ./bench/minimal
 $GO build -o "$work/bin/openloop" ./bench/openloop
 $GO build -o "$work/bin/runner" ./bench/runner
 

@@ -47,7 +47,7 @@ type Config struct {
 	Redis    Redis
 	// FailureMode says what to do when the store is unreachable: allow
 	// (default), deny (503) or local (per-process limits, see LocalShare).
-	FailureMode string
+	FailureMode limits.FailureMode
 	// LocalShare divides each limit in failure_mode local, where every
 	// instance counts on its own: set it to the number of instances. Default 1.
 	LocalShare int

@@ -350,7 +350,7 @@ func TestLoadFull(t *testing.T) {
 			Timeout:   120 * time.Millisecond,
 			Coalesce:  Coalesce{Enabled: false, Pipelines: 8, MaxBatch: 32, Wait: 20 * time.Microsecond},
 		},
-		FailureMode: "local",
+		FailureMode: limits.FailLocal,
 		LocalShare:  4,
 		DenyCache:   DenyCache{Enabled: false, MaxEntries: 5000},
 		DenyStatus:  403,
@@ -454,7 +454,7 @@ func TestDefaults(t *testing.T) {
 		Redis: Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond,
 			Coalesce: Coalesce{Enabled: true, Pipelines: 4, MaxBatch: 128}},
 		DenyCache:   DenyCache{Enabled: true, MaxEntries: 100_000},
-		FailureMode: "allow",
+		FailureMode: limits.FailAllow,
 		LocalShare:  1,
 		DenyStatus:  429,
 		Identity: Identity{

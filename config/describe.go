@@ -43,13 +43,13 @@ func (c *Config) Describe() string {
 			line("deny cache", "up to %d identities denied by Redis answered locally until their retry time", c.DenyCache.MaxEntries)
 		}
 	}
-	mode := c.FailureMode
-	switch mode {
-	case "allow":
+	mode := c.FailureMode.String()
+	switch c.FailureMode {
+	case limits.FailAllow:
 		mode += " (store unreachable: admit every request)"
-	case "deny":
+	case limits.FailDeny:
 		mode += " (store unreachable: answer 503)"
-	case "local":
+	case limits.FailLocal:
 		mode += fmt.Sprintf(" (store unreachable: per-process limits divided by local_share %d)", c.LocalShare)
 	}
 	line("failure mode", "%s", mode)

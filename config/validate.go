@@ -41,7 +41,6 @@ const (
 const (
 	defaultKeyPrefix    = "rg"
 	defaultTimeout      = 50 * time.Millisecond
-	defaultFailureMode  = "allow"
 	defaultDenyStatus   = 429
 	defaultUserHeader   = "X-User-Id"
 	defaultIPHeader     = "X-Real-IP"
@@ -74,7 +73,7 @@ var (
 // the compiled configuration (meaningful only when d has no problems).
 func validate(d *decoder, raw *rawConfig) *Config {
 	c := &Config{
-		FailureMode: defaultFailureMode,
+		FailureMode: limits.FailAllow,
 		LocalShare:  1,
 		DenyStatus:  defaultDenyStatus,
 		DenyCache:   DenyCache{Enabled: true, MaxEntries: defaultDenyCache},
@@ -94,10 +93,11 @@ func validate(d *decoder, raw *rawConfig) *Config {
 	}
 	validateRedis(d, &raw.Redis, &c.Redis)
 	if v := &raw.FailureMode; v.ok() {
-		c.FailureMode = v.V
-		if v.V != "allow" && v.V != "deny" && v.V != "local" {
+		m, ok := limits.ParseFailureMode(v.V)
+		if !ok {
 			d.add(v.Line, "failure_mode", "must be allow, deny or local, got %q", v.V)
 		}
+		c.FailureMode = m
 	}
 	if v := &raw.LocalShare; v.ok() {
 		c.LocalShare = int(v.V)

@@ -20,9 +20,10 @@ import (
 // composeFile is the part of docker-compose.yml the checks read.
 type composeFile struct {
 	Services map[string]struct {
-		Build   yaml.Node   `yaml:"build"`
-		Command []string    `yaml:"command"`
-		Volumes []yaml.Node `yaml:"volumes"`
+		Build       yaml.Node         `yaml:"build"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Volumes     []yaml.Node       `yaml:"volumes"`
 	} `yaml:"services"`
 }
 
@@ -46,8 +47,46 @@ func TestComposeFile(t *testing.T) {
 		bin := needBinary(t, "docker-compose", "docker-compose")
 		cmd := exec.Command(bin, "-f", path, "config", "-q")
 		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "RATEGATE_ADMIN_TOKEN=0123456789abcdef")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("docker-compose config: %v\n%s", err, out)
+		}
+		// Without a token it refuses, naming the variable: the admin
+		// listener is on the compose network.
+		cmd = exec.Command(bin, "-f", path, "config", "-q")
+		cmd.Dir = repoRoot
+		for _, e := range os.Environ() {
+			if !strings.HasPrefix(e, "RATEGATE_ADMIN_TOKEN=") {
+				cmd.Env = append(cmd.Env, e)
+			}
+		}
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "RATEGATE_ADMIN_TOKEN") {
+			t.Errorf("docker-compose config without RATEGATE_ADMIN_TOKEN: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("Prometheus scrapes the rategate service with the token", func(t *testing.T) {
+		rg, prom := cf.Services["rategate"], cf.Services["prometheus"]
+		if !strings.Contains(strings.Join(rg.Command, " "), "-admin-listen 0.0.0.0:9090") {
+			t.Errorf("rategate: the admin listener is not on the compose network: %q", rg.Command)
+		}
+		for name, env := range map[string]map[string]string{"rategate": rg.Environment, "prometheus": prom.Environment} {
+			if !strings.HasPrefix(env["RATEGATE_ADMIN_TOKEN"], "${RATEGATE_ADMIN_TOKEN:?") {
+				t.Errorf("%s: RATEGATE_ADMIN_TOKEN is %q, want the required variable", name, env["RATEGATE_ADMIN_TOKEN"])
+			}
+		}
+		b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "compose", "prometheus.yml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := string(b)
+		if !strings.Contains(cfg, `targets: ["rategate:9090"]`) {
+			t.Error("deploy/compose/prometheus.yml does not scrape rategate:9090")
+		}
+		// The token file the config reads is the one the entrypoint writes.
+		if !strings.Contains(cfg, "credentials_file: /prometheus/rategate-token") || !strings.Contains(strings.Join(prom.Command, " "), "> /prometheus/rategate-token") {
+			t.Errorf("prometheus: the token file of prometheus.yml is not the one its command writes: %q", prom.Command)
 		}
 	})
 

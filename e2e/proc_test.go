@@ -34,11 +34,20 @@ func startProc(t testing.TB, name, logPath, bin string, args ...string) *proc {
 // starting it: owner's cleanup ends it.
 func startProcOwned(t, owner testing.TB, name, logPath, bin string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, owner, nil, name, logPath, bin, args...)
+}
+
+// startProcEnv is startProcOwned with env added to the suite's environment.
+func startProcEnv(t, owner testing.TB, env []string, name, logPath, bin string, args ...string) *proc {
+	t.Helper()
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatalf("%s: log file: %v", name, err)
 	}
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	// Own process group, so kill(-pgid) reaches every child; and die with
 	// the test binary should it be killed before its cleanups run.

@@ -34,6 +34,8 @@ type rategate struct {
 	adminPort  int
 	dir        string
 	proc       *proc
+	// env is added to the process's environment (RATEGATE_ADMIN_TOKEN, ...).
+	env []string
 }
 
 func newRategate(t testing.TB, name, dir, configPath, redisURL string) *rategate {
@@ -49,7 +51,7 @@ func (r *rategate) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
 // start runs the process and waits until /readyz says the store answers.
 func (r *rategate) start(t testing.TB) {
 	t.Helper()
-	r.proc = startProcOwned(t, r.owner, r.name, filepath.Join(r.dir, r.name+".log"), r.bin,
+	r.proc = startProcEnv(t, r.owner, r.env, r.name, filepath.Join(r.dir, r.name+".log"), r.bin,
 		"-config", r.configPath,
 		"-listen", r.addr(),
 		"-admin-listen", "127.0.0.1:"+strconv.Itoa(r.adminPort),

@@ -32,7 +32,8 @@ func TestOutageCyclesLeakNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var transitions sync.Map // "from>to" → *int (counted under the breaker's lock)
-	b := limits.NewBreaker(store, limits.BreakerOptions{
+	b := limits.NewBreaker(store.Ping, store.Name(), limits.BreakerOptions{
+		IsFailure:     limits.IsStoreFailure,
 		ProbeInterval: 10 * time.Millisecond, ProbeTimeout: budget,
 		OnStateChange: func(from, to limits.BreakerState) {
 			n, _ := transitions.LoadOrStore(from.String()+">"+to.String(), new(int))
@@ -43,7 +44,7 @@ func TestOutageCyclesLeakNothing(t *testing.T) {
 
 	rule := &limits.Rule{Name: "c", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.GCRA,
 		Limit: 1e9, Period: time.Hour, Burst: 1e9, Cost: 1}
-	l := limits.NewLimiter(b, "rg", []*limits.Rule{rule})
+	l := limits.New(limits.Options{Store: store, Breaker: b, Prefix: "rg", Rules: []*limits.Rule{rule}})
 	// decide runs 4 decisions at once (so the pool holds several
 	// connections), each with the decision budget, and returns the
 	// first error.
@@ -137,8 +138,9 @@ func TestOutageCyclesLeakNothing(t *testing.T) {
 		t.Errorf("Redis has %d clients, more than the pool size %d", clients, poolSize)
 	}
 
-	// Closing the breaker closes everything it started.
-	if err := b.Close(); err != nil {
+	// Closing the breaker and the store closes everything they started.
+	b.Close()
+	if err := store.Close(); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(3 * time.Second)

@@ -213,7 +213,7 @@ func TestGarbageTraffic(t *testing.T) {
 	for round := range rounds {
 		statuses := garbageRound(t, g.addr, perRound, uint64(round+1))
 		g.alive(t)
-		rss[round], heap[round] = g.rssKiB(t), int(g.metric(t, "go_gc_heap_goal_bytes"))>>10
+		rss[round], heap[round] = g.rssKiB(t), int(g.metric(t, "go_memstats_next_gc_bytes"))>>10
 		t.Logf("round %d: %d hostile requests, answers by status %v; RSS %d KiB, GC heap goal %d KiB", round+1, perRound, statuses, rss[round], heap[round])
 	}
 	elapsed := time.Since(start)
@@ -258,11 +258,12 @@ func TestGarbageLeavesNoLiveHeap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := limits.NewBreaker(store, limits.BreakerOptions{ProbeTimeout: budget})
+	b := limits.NewBreaker(store.Ping, store.Name(), limits.BreakerOptions{ProbeTimeout: budget, IsFailure: limits.IsStoreFailure})
 	defer b.Close()
 	load := &limits.Rule{Name: "load", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow,
 		Limit: 1e9, Period: time.Hour, Burst: 1e9, Cost: 1}
-	h := handler.New(limits.NewLimiter(b, "rg", []*limits.Rule{load}), b, handler.Options{Timeout: budget})
+	l := limits.New(limits.Options{Store: store, Breaker: b, Prefix: "rg", Rules: []*limits.Rule{load}})
+	h := handler.New(l, l, handler.Options{Timeout: budget})
 	srv := handler.NewServer(h, handler.ServerOptions{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -5,17 +5,15 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/internal/procs"
 )
 
 // This file runs rategate processes and reads their vital signs.
@@ -57,9 +55,7 @@ type gate struct {
 	addr    string // main listener
 	admin   string // admin listener
 	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error // valid once done is closed
+	rg      *procs.Rategate
 	client  *fasthttp.HostClient
 }
 
@@ -81,71 +77,29 @@ func startGateTimeout(t *testing.T, name, redisAddr, mode string, share int, tim
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g := &gate{
-		name:    name,
-		addr:    "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t)),
-		admin:   "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t)),
-		logPath: filepath.Join(dir, name+".log"),
-		done:    make(chan struct{}),
-	}
-	logFile, err := os.Create(g.logPath)
+	g := &gate{name: name, logPath: filepath.Join(dir, name+".log")}
+	rg, err := procs.StartRategate(procs.Options{Name: name, Bin: binPath, Dir: dir, Args: []string{"-config", cfgPath}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.cmd = exec.Command(binPath, "-config", cfgPath, "-listen", g.addr, "-admin-listen", g.admin)
-	g.cmd.Stdout, g.cmd.Stderr = logFile, logFile
-	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := g.cmd.Start(); err != nil {
-		logFile.Close()
-		t.Fatalf("start rategate: %v", err)
-	}
-	go func() {
-		g.exitErr = g.cmd.Wait()
-		logFile.Close()
-		close(g.done)
-	}()
+	g.rg, g.addr, g.admin = rg, rg.Main, rg.Admin
 	g.client = &fasthttp.HostClient{
 		Addr: g.addr, MaxConns: 64, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		// A retried request would hide the failure being measured.
 		MaxIdemponentCallAttempts: 1,
 	}
 	t.Cleanup(func() { g.stop(t) })
-
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if status, _, _, err := g.get("/healthz", "192.0.2.1"); err == nil && status == 200 {
-			return g
-		}
-		select {
-		case <-g.done:
-			t.Fatalf("%s exited at start: %v\n%s", name, g.exitErr, g.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not healthy after 15s\n%s", name, g.logTail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return g
 }
 
 // stop sends SIGTERM and expects a clean exit within 10s.
 func (g *gate) stop(t *testing.T) {
 	g.client.CloseIdleConnections()
-	select {
-	case <-g.done:
+	if g.rg.Exited() {
 		return
-	default:
 	}
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-		if g.exitErr != nil {
-			t.Errorf("%s: exit after SIGTERM: %v\n%s", g.name, g.exitErr, g.logTail())
-		}
-	case <-time.After(10 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-g.done
-		t.Errorf("%s did not stop within 10s of SIGTERM\n%s", g.name, g.logTail())
+	if err := g.rg.Stop(10 * time.Second); err != nil {
+		t.Errorf("%s: stop: %v\n%s", g.name, err, g.logTail())
 	}
 }
 
@@ -288,7 +242,7 @@ func (g *gate) waitBreakerOpen(within time.Duration) error {
 // rssKiB is the process's resident memory.
 func (g *gate) rssKiB(t *testing.T) int {
 	t.Helper()
-	return procStatus(t, g.cmd.Process.Pid, "VmRSS:")
+	return procStatus(t, g.rg.Pid(), "VmRSS:")
 }
 
 // tcpConns counts the host's TCP sockets whose local port is local (a
@@ -376,8 +330,8 @@ func procStatus(t *testing.T, pid int, field string) int {
 func (g *gate) alive(t *testing.T) {
 	t.Helper()
 	select {
-	case <-g.done:
-		t.Fatalf("%s died: %v\n%s", g.name, g.exitErr, g.logTail())
+	case <-g.rg.Done():
+		t.Fatalf("%s died: %v\n%s", g.name, g.rg.Err(), g.logTail())
 	default:
 	}
 }

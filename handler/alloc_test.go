@@ -28,7 +28,7 @@ func TestAuthAllowedAllocs(t *testing.T) {
 	store := limits.NewMemoryStore()
 	defer store.Close()
 	l := limits.NewLimiter(store, "rg", []*limits.Rule{rule("per-ip", 1<<40, time.Minute, limits.KeyIP)})
-	h := New(l, store, Options{})
+	h := New(l, l, Options{})
 
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI("/auth")

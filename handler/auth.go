@@ -41,11 +41,11 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		// ingress-nginx's auth-url sends the full URL instead.
 		uri = hdr.PeekBytes(h.urlHeader)
 		if len(uri) == 0 {
-			h.badRequest(ctx, h.missingURI, BadMissingURI, start)
+			h.badRequest(ctx, h.missingURI, limits.RejectMissingURI, start)
 			return
 		}
 		if uri[0] != '/' && !isAbsoluteURL(uri) {
-			h.badRequest(ctx, h.badURL, BadMissingURI, start)
+			h.badRequest(ctx, h.badURL, limits.RejectMissingURI, start)
 			return
 		}
 	}
@@ -55,7 +55,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// until the next PeekAll.
 	addr, ok := h.clientIP(hdr)
 	if !ok {
-		h.badRequest(ctx, h.noIP, BadIP, start)
+		h.badRequest(ctx, h.noIP, limits.RejectIP, start)
 		return
 	}
 	s.ip = AppendIPIdentity(s.ip[:0], addr, h.ipv6Prefix)
@@ -66,7 +66,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		// variable is empty, so the two cannot mean different things.
 		if v := hdr.PeekBytes(h.costHeader); len(v) > 0 {
 			if cost, ok = parseCost(v, h.maxCost); !ok {
-				h.badRequest(ctx, h.badCost, BadCost, start)
+				h.badRequest(ctx, h.badCost, limits.RejectCost, start)
 				return
 			}
 		}
@@ -96,18 +96,17 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	s.ctx.start(h.timeout)
 	err := h.dec.Decide(s.ctx, &s.req, &s.dec)
 	s.ctx.stop()
-	if err != nil {
-		h.storeFailed(ctx, err)
-		if h.obs != nil {
-			h.obs.Undecided(h.failureMode, &s.dec, time.Since(start))
-		}
-		return
-	}
-	if s.dec.Local {
-		// The shared store failed and the local fallback decided.
+	switch {
+	case s.dec.Undecided:
+		h.storeFailed(ctx, s.dec.Mode, err)
+	case s.dec.Local:
+		// The shared store could not decide and the local fallback did.
+		h.errLog.Warn().Err(err).Str("fallback", s.dec.Fallback.String()).Msg("rate-limit store failed; decided by the local fallback")
 		ctx.Response.Header.SetCanonical(hdrStatus, valLocal)
+		h.respond(ctx, s)
+	default:
+		h.respond(ctx, s)
 	}
-	h.respond(ctx, s)
 	if h.obs != nil {
 		h.obs.Decided(&s.dec, time.Since(start))
 	}
@@ -152,30 +151,29 @@ func parseCost(b []byte, max int64) (int64, bool) {
 }
 
 // badRequest answers 400 with body and tells the observer why.
-func (h *Handler) badRequest(ctx *fasthttp.RequestCtx, body []byte, reason BadRequestReason, start time.Time) {
+func (h *Handler) badRequest(ctx *fasthttp.RequestCtx, body []byte, reason limits.RejectReason, start time.Time) {
 	ctx.SetStatusCode(fasthttp.StatusBadRequest)
 	ctx.SetBody(body)
 	if h.obs != nil {
-		h.obs.BadRequest(reason, time.Since(start))
+		h.obs.Rejected(reason, time.Since(start))
 	}
 }
 
-// storeFailed answers a request the store could not decide, as the failure
-// mode says.
-func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, err error) {
-	h.errLog.Warn().Err(err).Str("failure_mode", h.failureMode).Msg("rate-limit store failed; request not decided")
+// storeFailed answers a request nothing could decide, as the failure mode
+// says: deny is 503, allow (and local, whose fallback failed too) 204.
+func (h *Handler) storeFailed(ctx *fasthttp.RequestCtx, mode limits.FailureMode, err error) {
+	h.errLog.Warn().Err(err).Str("failure_mode", mode.String()).Msg("rate-limit store failed; request not decided")
 	ctx.Response.Header.SetCanonical(hdrStatus, valUnavailable)
-	switch h.failureMode {
-	case FailDeny:
+	if mode == limits.FailDeny {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString("rate-limit store unavailable: " + err.Error() + "\n")
-	case FailLocal:
-		// The limiter decides locally while the store fails; reaching here
-		// means even that failed, so admit as allow would.
-		ctx.SetStatusCode(fasthttp.StatusNoContent)
-	default:
-		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		msg := "unknown error"
+		if err != nil {
+			msg = err.Error()
+		}
+		ctx.SetBodyString("rate-limit store unavailable: " + msg + "\n")
+		return
 	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
 // respond writes the decision in s.dec: status, rate-limit headers and, for
@@ -246,7 +244,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 		return
 	}
 
-	ctx.SetStatusCode(h.denyStatus)
+	ctx.SetStatusCode(int(h.denyStatus.Load()))
 	if d.Denier < 0 || d.Denier >= len(d.Verdicts) {
 		// A store that denies without naming a rule: still a denial.
 		s.buf = buf

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rategate/rategate/limits"
@@ -36,18 +37,6 @@ const (
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultMaxCost bounds the cost header when Options.MaxCost is not set.
 	DefaultMaxCost = 1000
-)
-
-// Failure modes: what /auth answers when the store fails.
-const (
-	// FailAllow admits the request (204 with X-RateLimit-Status: unavailable).
-	FailAllow = "allow"
-	// FailDeny answers 503, which NGINX turns into an error for the client.
-	FailDeny = "deny"
-	// FailLocal: the limiter decides with a per-process in-memory store while
-	// the shared store fails (limits.Limiter.SetFallback); the handler only
-	// sees a store error when that failed too, and then answers like FailAllow.
-	FailLocal = "local"
 )
 
 // Options configures a Handler. The zero value of every field means its
@@ -78,11 +67,10 @@ type Options struct {
 	// MaxCost is the largest cost CostHeader may carry (default 1000).
 	MaxCost int64
 	// DenyStatus is the status of a limited request: 429 (default) or 403.
+	// SetDenyStatus changes it later (a reload).
 	DenyStatus int
 	// Timeout bounds each store call (default 50ms).
 	Timeout time.Duration
-	// FailureMode is FailAllow (default), FailDeny or FailLocal.
-	FailureMode string
 	// Logger receives sampled store errors, denials and shadow rules that
 	// would have denied, and per second the number of denial and shadow
 	// lines the sampling suppressed. The zero Logger discards everything.
@@ -92,65 +80,35 @@ type Options struct {
 	Observer Observer
 }
 
-// BadRequestReason says why /auth answered 400.
-type BadRequestReason uint8
-
-// The reasons for a 400, in the order the handler checks them.
-const (
-	// BadMissingURI: the URI header is absent or empty.
-	BadMissingURI BadRequestReason = iota
-	// BadIP: no valid client IP in the IP header.
-	BadIP
-	// BadCost: the cost header is not an integer from 1 to MaxCost.
-	BadCost
-	// NumBadRequestReasons is the number of reasons, for arrays indexed by them.
-	NumBadRequestReasons
-)
-
-// String returns the reason as a metric label: missing_uri, invalid_ip, invalid_cost.
-func (r BadRequestReason) String() string {
-	switch r {
-	case BadMissingURI:
-		return "missing_uri"
-	case BadIP:
-		return "invalid_ip"
-	case BadCost:
-		return "invalid_cost"
-	}
-	return "unknown"
-}
-
 // Observer is told about every /auth answer, after it is written. It is
 // called on the hot path: implementations must be safe for concurrent use,
 // must not block, should not allocate, and must not keep d or anything it
 // points to after returning (Verdict.Key excepted: that string is never
 // reused).
 type Observer interface {
-	// Decided reports a request the limiter decided: d.Verdicts holds each
+	// Decided reports a request the limiter answered: d.Verdicts holds each
 	// matching rule's own verdict (none when no rule matched), d.Admitted
-	// the answer, and d.Local whether the local fallback decided because
-	// the shared store failed (failure_mode: local).
+	// the answer, d.Local whether the local fallback decided, and
+	// d.Undecided whether nothing did and the failure mode answered
+	// (d.Mode; the verdicts' results are then unset).
 	Decided(d *limits.Decision, elapsed time.Duration)
-	// BadRequest reports a 400.
-	BadRequest(reason BadRequestReason, elapsed time.Duration)
-	// Undecided reports a request answered by the failure mode because the
-	// store failed and nothing decided it: mode is FailAllow (204), FailDeny
-	// (503) or FailLocal (204: the local fallback failed too).
-	// d.Verdicts lists the rules that matched (their results are unset).
-	Undecided(mode string, d *limits.Decision, elapsed time.Duration)
+	// Rejected reports a 400.
+	Rejected(reason limits.RejectReason, elapsed time.Duration)
 }
 
 // Decider decides one request; *limits.Limiter implements it. Decide fills d
-// and may reuse its buffers; d is owned by the caller.
+// completely, whatever happened (d says how it was decided), and may reuse
+// its buffers; d is owned by the caller. The error is the store's when it
+// did not decide, for the log.
 type Decider interface {
 	Decide(ctx context.Context, req *limits.Request, d *limits.Decision) error
 }
 
-// Pinger is the store as /readyz sees it; limits.Store implements it.
+// Pinger is the store as /readyz sees it; *limits.Limiter implements it.
 type Pinger interface {
 	Ping(ctx context.Context) error
-	// Name describes the store, e.g. "redis 127.0.0.1:6379" or "memory".
-	Name() string
+	// StoreName describes the store, e.g. "redis 127.0.0.1:6379" or "memory".
+	StoreName() string
 }
 
 // Handler serves the main listener. It is safe for concurrent use and keeps
@@ -166,9 +124,8 @@ type Handler struct {
 	trusted      []netip.Prefix
 	ipv6Prefix   int
 	maxCost      int64
-	denyStatus   int
+	denyStatus   atomic.Int32
 	timeout      time.Duration
-	failureMode  string
 
 	// Answers to bad input, built once from the options.
 	missingURI, badURL, noIP, badCost []byte
@@ -205,15 +162,13 @@ type scratch struct {
 // logged, since the config package validates them before they get here.
 func New(d Decider, store Pinger, opts Options) *Handler {
 	h := &Handler{
-		dec:         d,
-		store:       store,
-		trusted:     opts.TrustedProxies,
-		ipv6Prefix:  opts.IPv6Prefix,
-		maxCost:     opts.MaxCost,
-		denyStatus:  opts.DenyStatus,
-		timeout:     opts.Timeout,
-		failureMode: opts.FailureMode,
-		obs:         opts.Observer,
+		dec:        d,
+		store:      store,
+		trusted:    opts.TrustedProxies,
+		ipv6Prefix: opts.IPv6Prefix,
+		maxCost:    opts.MaxCost,
+		timeout:    opts.Timeout,
+		obs:        opts.Observer,
 	}
 	h.pool.New = func() any {
 		return &scratch{
@@ -280,21 +235,8 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	}
 
 	log := opts.Logger
-	switch h.denyStatus {
-	case fasthttp.StatusTooManyRequests, fasthttp.StatusForbidden:
-	case 0:
-		h.denyStatus = fasthttp.StatusTooManyRequests
-	default:
-		log.Warn().Int("deny_status", h.denyStatus).Msg("deny status must be 429 or 403; using 429")
-		h.denyStatus = fasthttp.StatusTooManyRequests
-	}
-	switch h.failureMode {
-	case FailAllow, FailDeny, FailLocal:
-	case "":
-		h.failureMode = FailAllow
-	default:
-		log.Warn().Str("failure_mode", h.failureMode).Msg("unknown failure mode; using allow")
-		h.failureMode = FailAllow
+	if !h.SetDenyStatus(opts.DenyStatus) && opts.DenyStatus != 0 {
+		log.Warn().Int("deny_status", opts.DenyStatus).Msg("deny status must be 429 or 403; using 429")
 	}
 
 	// At most one line per second, plus every 1000th after that.
@@ -315,6 +257,19 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 // denialBurst is how many denial (and, apart, shadow) lines a second are
 // logged in full.
 const denialBurst = 10
+
+// SetDenyStatus sets the status of a limited request: 429, or 403 for the
+// quiet NGINX mapping. Anything else (0 included) sets 429 and reports
+// false.
+func (h *Handler) SetDenyStatus(status int) bool {
+	switch status {
+	case fasthttp.StatusTooManyRequests, fasthttp.StatusForbidden:
+		h.denyStatus.Store(int32(status))
+		return true
+	}
+	h.denyStatus.Store(fasthttp.StatusTooManyRequests)
+	return false
+}
 
 var (
 	bodyOK       = []byte("ok\n")
@@ -350,9 +305,9 @@ func (h *Handler) ready(ctx *fasthttp.RequestCtx) {
 	cancel()
 	if err != nil {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString("not ready: " + h.store.Name() + ": " + err.Error() + "\n")
+		ctx.SetBodyString("not ready: " + h.store.StoreName() + ": " + err.Error() + "\n")
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetBodyString("ready: " + h.store.Name() + "\n")
+	ctx.SetBodyString("ready: " + h.store.StoreName() + "\n")
 }

@@ -66,8 +66,8 @@ func TestHeaderNamesSpelledAsTheDraft(t *testing.T) {
 }
 
 func TestRealClock(t *testing.T) {
-	l, store := newLimiter(t, rule("per-ip", 3, time.Minute, limits.KeyIP))
-	ts := serve(t, New(l, store, Options{}))
+	l, _ := newLimiter(t, rule("per-ip", 3, time.Minute, limits.KeyIP))
+	ts := serve(t, New(l, l, Options{}))
 	r := ts.auth(t, std("192.0.2.1")...)
 	mustEqual(t, 204, r.status)
 	reset, err := strconv.Atoi(r.headers["x-ratelimit-reset"])
@@ -273,17 +273,17 @@ func TestIdentity(t *testing.T) {
 
 func TestStoreFailure(t *testing.T) {
 	storeErr := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
-	for _, mode := range []string{"", FailAllow, FailLocal} {
-		f := &failingStore{err: storeErr, deadline: make(chan time.Duration, 1)}
-		ts := serve(t, New(f, f, Options{FailureMode: mode, Timeout: 80 * time.Millisecond}))
+	for _, mode := range []limits.FailureMode{limits.FailAllow, limits.FailLocal} {
+		f := &failingStore{err: storeErr, mode: mode, deadline: make(chan time.Duration, 1)}
+		ts := serve(t, New(f, f, Options{Timeout: 80 * time.Millisecond}))
 		equal(t, reply{status: 204, headers: map[string]string{"x-ratelimit-status": "unavailable"}},
 			ts.auth(t, std("192.0.2.1")...), "mode %q", mode)
 		left := <-f.deadline
 		check(t, left > 0 && left <= 80*time.Millisecond, "Decide must get its own deadline, got %v", left)
 	}
 
-	f := &failingStore{err: storeErr, deadline: make(chan time.Duration, 1)}
-	ts := serve(t, New(f, f, Options{FailureMode: FailDeny}))
+	f := &failingStore{err: storeErr, mode: limits.FailDeny, deadline: make(chan time.Duration, 1)}
+	ts := serve(t, New(f, f, Options{}))
 	equal(t, reply{
 		status:  503,
 		body:    "rate-limit store unavailable: dial tcp 127.0.0.1:1: connect: connection refused\n",
@@ -345,8 +345,8 @@ func TestLogsAreSampled(t *testing.T) {
 }
 
 func TestHealth(t *testing.T) {
-	l, store := newLimiter(t)
-	ts := serve(t, New(l, store, Options{}))
+	l, _ := newLimiter(t)
+	ts := serve(t, New(l, l, Options{}))
 	equal(t, reply{status: 200, body: "ok\n", headers: map[string]string{}}, ts.get(t, "/healthz"))
 	equal(t, reply{status: 200, body: "ready: memory\n", headers: map[string]string{}}, ts.get(t, "/readyz"))
 	equal(t, reply{status: 404, body: "not found\n", headers: map[string]string{}}, ts.get(t, "/"))

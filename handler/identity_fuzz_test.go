@@ -47,7 +47,7 @@ func newIdentityRig(t testing.TB) *identityRig {
 	})
 	rec := &keyRecorder{l: l, keys: map[string]string{}}
 	return &identityRig{
-		h:   New(rec, store, Options{IPHeader: "X-Forwarded-For", TrustedProxies: nil}),
+		h:   New(rec, l, Options{IPHeader: "X-Forwarded-For", TrustedProxies: nil}),
 		rec: rec,
 	}
 }

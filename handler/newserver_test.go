@@ -33,8 +33,8 @@ func hardened(t *testing.T, opts ServerOptions) string {
 // hardenedOn is hardened on a listener of the test's making.
 func hardenedOn(t *testing.T, opts ServerOptions, ln net.Listener) string {
 	t.Helper()
-	l, store := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
-	srv := NewServer(New(l, store, Options{}), opts)
+	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
+	srv := NewServer(New(l, l, Options{}), opts)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	t.Cleanup(func() {

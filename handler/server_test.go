@@ -156,8 +156,8 @@ func newLimiter(t *testing.T, rules ...*limits.Rule) (*limits.Limiter, *limits.M
 // pinned returns a Handler over a pinned-clock limiter with the rules.
 func pinned(t *testing.T, opts Options, rules ...*limits.Rule) *testServer {
 	t.Helper()
-	l, store := newLimiter(t, rules...)
-	return serve(t, New(pinnedClock{l: l, now: pinnedNow()}, store, opts))
+	l, _ := newLimiter(t, rules...)
+	return serve(t, New(pinnedClock{l: l, now: pinnedNow()}, l, opts))
 }
 
 // rule is a fixed_window rule with burst = limit and cost 1.
@@ -172,15 +172,20 @@ func rule(name string, limit int64, period time.Duration, key ...limits.KeyKind)
 	return r
 }
 
-// failingStore fails every decision and ping, like an unreachable Redis.
-// It records the deadline of the last call.
+// failingStore fails every decision and ping, like an unreachable Redis
+// behind a limiter without a fallback: every decision is answered by the
+// failure mode. It records the deadline of the last call.
 type failingStore struct {
 	err      error
+	mode     limits.FailureMode
 	deadline chan time.Duration
 }
 
-func (f *failingStore) Decide(ctx context.Context, _ *limits.Request, _ *limits.Decision) error {
+func (f *failingStore) Decide(ctx context.Context, _ *limits.Request, d *limits.Decision) error {
 	f.recordDeadline(ctx)
+	d.Verdicts, d.Denier = d.Verdicts[:0], -1
+	d.Undecided, d.Mode, d.Err, d.Local = true, f.mode, f.err, false
+	d.Admitted = f.mode != limits.FailDeny
 	return f.err
 }
 
@@ -189,7 +194,7 @@ func (f *failingStore) Ping(ctx context.Context) error {
 	return f.err
 }
 
-func (f *failingStore) Name() string { return "redis 127.0.0.1:1" }
+func (f *failingStore) StoreName() string { return "redis 127.0.0.1:1" }
 
 func (f *failingStore) recordDeadline(ctx context.Context) {
 	dl, ok := ctx.Deadline()

@@ -3,12 +3,10 @@ package limits
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 )
 
@@ -104,7 +102,9 @@ type BreakerOptions struct {
 	// (default 1). Calls beyond it fail at once.
 	HalfOpenTrials int
 	// IsFailure says whether an error means the store is unavailable;
-	// default IsStoreFailure. Errors it rejects count as answers.
+	// default: any error but context.Canceled. The Redis store has a
+	// sharper one (redis.IsStoreFailure). Errors it rejects count as
+	// answers.
 	IsFailure func(error) bool
 	// OnStateChange, when set, is called on every transition, in order,
 	// with the breaker's lock held: it must be quick and must not call the
@@ -117,13 +117,16 @@ type BreakerOptions struct {
 	Logger zerolog.Logger
 }
 
-// Breaker is a Store decorator: a circuit breaker in front of a shared store
-// (Redis). It is safe for concurrent use. In the closed state it adds a few
-// atomic loads to a call and allocates nothing; refusing a call while open
+// Breaker is a circuit breaker for a shared store (Redis): the limiter asks
+// it before every store call (Allow) and tells it the outcome (Done). It is
+// an option of the limiter, not a wrapper of the store. It is safe for
+// concurrent use; in the closed state Allow and Done are a few atomic
+// operations and allocate nothing, and refusing a call while open
 // allocates nothing either.
 type Breaker struct {
-	inner Store
-	opts  BreakerOptions
+	ping func(context.Context) error
+	name string
+	opts BreakerOptions
 
 	// sg packs the generation (bumped on every transition) and the state:
 	// gen<<2 | state. A call remembers the value it started under, so that
@@ -153,10 +156,16 @@ type Breaker struct {
 	once   sync.Once
 }
 
-var _ Store = (*Breaker)(nil)
+// Ticket is what Allow hands out and Done takes back: the state a call
+// started under.
+type Ticket struct {
+	v     uint64
+	trial bool
+}
 
-// NewBreaker returns a breaker in the closed state in front of inner.
-func NewBreaker(inner Store, opts BreakerOptions) *Breaker {
+// NewBreaker returns a closed breaker for the store that ping reaches (the
+// probe of an open breaker calls it); name describes the store in logs.
+func NewBreaker(ping func(context.Context) error, name string, opts BreakerOptions) *Breaker {
 	if opts.FailureThreshold <= 0 {
 		opts.FailureThreshold = DefaultFailureThreshold
 	}
@@ -176,12 +185,18 @@ func NewBreaker(inner Store, opts BreakerOptions) *Breaker {
 		opts.HalfOpenTrials = DefaultHalfOpenTrials
 	}
 	if opts.IsFailure == nil {
-		opts.IsFailure = IsStoreFailure
+		opts.IsFailure = isFailure
 	}
-	b := &Breaker{inner: inner, opts: opts}
+	b := &Breaker{ping: ping, name: name, opts: opts}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.openErr.Store(&openError{msg: ErrBreakerOpen.Error()})
 	return b
+}
+
+// isFailure is the default failure test: any error but a caller that gave
+// up (context.Canceled).
+func isFailure(err error) bool {
+	return err != nil && !errors.Is(err, context.Canceled)
 }
 
 // openError is ErrBreakerOpen with the failure that opened the breaker.
@@ -196,87 +211,39 @@ func stateOf(v uint64) BreakerState          { return BreakerState(v & 3) }
 // State returns the current state.
 func (b *Breaker) State() BreakerState { return stateOf(b.sg.Load()) }
 
-// Unwrap returns the store behind the breaker.
-func (b *Breaker) Unwrap() Store { return b.inner }
+// Open reports whether calls are refused now (open, or half-open with
+// every trial taken is not counted: a half-open breaker is trying).
+func (b *Breaker) Open() bool { return b.State() == BreakerOpen }
 
-// Name implements Store: the inner store's name.
-func (b *Breaker) Name() string { return b.inner.Name() }
-
-// Ping implements Store. While open it fails at once with the reason, so
-// /readyz says why without waiting; otherwise it asks the store. Pings do
-// not move the breaker: only the probe and real calls do.
-func (b *Breaker) Ping(ctx context.Context) error {
+// OpenError returns the error refused calls get while open, nil otherwise.
+func (b *Breaker) OpenError() error {
 	if b.State() == BreakerOpen {
 		return b.openErr.Load()
 	}
-	return b.inner.Ping(ctx)
+	return nil
 }
 
-// Close stops the probe and closes the inner store. It may be called more
-// than once; later calls return nil.
-func (b *Breaker) Close() error {
-	var err error
+// Close stops the probe. It may be called more than once.
+func (b *Breaker) Close() {
 	b.once.Do(func() {
 		b.mu.Lock()
 		b.closed = true
 		b.mu.Unlock()
 		b.cancel()
 		b.wg.Wait()
-		err = b.inner.Close()
 	})
-	return err
 }
 
-// Decide implements Store.
-func (b *Breaker) Decide(ctx context.Context, batch *Batch, results []Result) (bool, error) {
+// Allow decides whether a call may go to the store now. When it may, the
+// caller must pass the ticket and the call's error to Done; when not, the
+// error (wrapping ErrBreakerOpen) says why.
+func (b *Breaker) Allow() (Ticket, error) {
 	v, trial, err := b.admit()
-	if err != nil {
-		return false, err
-	}
-	admitted, err := b.inner.Decide(ctx, batch, results)
-	b.record(v, trial, err)
-	return admitted, err
+	return Ticket{v: v, trial: trial}, err
 }
 
-// Peek implements Store, through the breaker like Decide.
-func (b *Breaker) Peek(ctx context.Context, c Check) (Result, error) {
-	v, trial, err := b.admit()
-	if err != nil {
-		return Result{}, err
-	}
-	r, err := b.inner.Peek(ctx, c)
-	b.record(v, trial, err)
-	return r, err
-}
-
-// Reset implements Store, through the breaker like Decide.
-func (b *Breaker) Reset(ctx context.Context, c Check) error {
-	v, trial, err := b.admit()
-	if err != nil {
-		return err
-	}
-	err = b.inner.Reset(ctx, c)
-	b.record(v, trial, err)
-	return err
-}
-
-// errNoInspector is Raw's answer when the inner store cannot show raw values.
-var errNoInspector = errors.New("this store cannot show raw values")
-
-// Raw implements Inspector when the inner store does, through the breaker.
-func (b *Breaker) Raw(ctx context.Context, key string) (RawValue, error) {
-	in, ok := b.inner.(Inspector)
-	if !ok {
-		return RawValue{}, errNoInspector
-	}
-	v, trial, err := b.admit()
-	if err != nil {
-		return RawValue{}, err
-	}
-	r, err := in.Raw(ctx, key)
-	b.record(v, trial, err)
-	return r, err
-}
+// Done records the outcome of a call Allow let through.
+func (b *Breaker) Done(t Ticket, err error) { b.record(t.v, t.trial, err) }
 
 // admit decides whether a call may go to the store. It returns the state
 // word the call runs under and whether it is a half-open trial.
@@ -347,21 +314,21 @@ func (b *Breaker) transition(from uint64, to BreakerState, cause error) {
 		b.openErr.Store(&openError{msg: msg})
 		if prev == BreakerClosed {
 			b.openedAt, b.reopens = now, 0
-			log.Warn().Str("store", b.inner.Name()).Int64("failures", b.fails.Load()).
-				AnErr("last_error", cause).Dur("probe_interval", b.opts.ProbeInterval).
+			log.Warn().Str("store", b.name).Int64("failures", b.fails.Load()).
+				AnErr("last_error", cause).Str("probe_interval", b.opts.ProbeInterval.String()).
 				Msg("store circuit breaker open: answering by failure_mode without waiting for the store; probing in the background")
 		} else {
 			b.reopens++
-			log.Debug().Str("store", b.inner.Name()).AnErr("error", cause).
+			log.Debug().Str("store", b.name).AnErr("error", cause).
 				Msg("store circuit breaker: trial call failed; open again")
 		}
 	case BreakerHalfOpen:
 		b.successes.Store(0)
-		log.Debug().Str("store", b.inner.Name()).Msg("store circuit breaker half-open: the store answers a probe; trying real calls")
+		log.Debug().Str("store", b.name).Msg("store circuit breaker half-open: the store answers a probe; trying real calls")
 	case BreakerClosed:
 		b.fails.Store(0)
 		b.since.Store(0)
-		log.Info().Str("store", b.inner.Name()).Dur("outage", now.Sub(b.openedAt)).Int("failed_trials", b.reopens).
+		log.Info().Str("store", b.name).Str("outage", now.Sub(b.openedAt).Round(time.Millisecond).String()).Int("failed_trials", b.reopens).
 			Msg("store circuit breaker closed: the store answers again")
 	}
 	b.sg.Store(next)
@@ -390,7 +357,7 @@ func (b *Breaker) probe(v uint64) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(b.ctx, b.opts.ProbeTimeout)
-		err := b.inner.Ping(ctx)
+		err := b.ping(ctx)
 		cancel()
 		if err == nil {
 			b.transition(v, BreakerHalfOpen, nil)
@@ -398,29 +365,4 @@ func (b *Breaker) probe(v uint64) {
 		}
 		t.Reset(b.opts.ProbeInterval)
 	}
-}
-
-// IsStoreFailure is the default failure test of a Breaker. It reports
-// whether err means the store cannot decide right now: a timeout, a
-// connection error, or a Redis reply saying the server is not usable
-// (LOADING, BUSY, MASTERDOWN, READONLY, OOM, MISCONF, NOAUTH, WRONGPASS,
-// NOPERM, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, max clients). Other Redis
-// replies (a script error, NOSCRIPT, WRONGTYPE) prove the server answers and
-// are not failures; nor is context.Canceled (the caller gave up).
-func IsStoreFailure(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
-		return false
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return true
-	}
-	msg := re.Error()
-	word, _, _ := strings.Cut(msg, " ")
-	switch word {
-	case "LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "MISCONF",
-		"NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS":
-		return true
-	}
-	return strings.HasPrefix(msg, "ERR max number of clients reached")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strconv"
@@ -132,7 +133,21 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 	if len(groups) == 1 {
 		return s.decideAll(ctx, b, results)
 	}
-	s.decideGroups(ctx, b, groups, results)
+	// The slot most likely to deny goes first, alone; the others only
+	// once it admitted. A request it denies then holds nothing elsewhere
+	// (nothing to refund, no unit of a global rule taken from others in
+	// the meantime).
+	sortByRestriction(b.Checks, groups)
+	s.decideGroups(ctx, b, groups[:1], results)
+	if first := &groups[0]; first.err == nil && !first.admitted {
+		// Denied: the other slots' rules report their own verdict on a
+		// request that is denied anyway, committing nothing.
+		s.dryGroups(ctx, b, groups[1:], results)
+		return false, nil
+	} else if first.err != nil {
+		return false, first.err
+	}
+	s.decideGroups(ctx, b, groups[1:], results)
 
 	var err error
 	admitted := true
@@ -183,33 +198,72 @@ func (s *RedisStore) decideSlots(ctx context.Context, b *Batch, results []Result
 	return false, nil
 }
 
-// decideGroups runs decide.lua for every slot's checks at once: all in the
-// shared pipelines (one per node) when coalescing, else one goroutine per
-// slot.
+// sortByRestriction orders groups by how likely they are to deny: the
+// smallest limit of a non-shadow check first (a per-user rule before a
+// global one), groups of shadow checks only last. The order among equals
+// is the batch's.
+func sortByRestriction(checks []Check, groups []slotGroup) {
+	key := func(g *slotGroup) int64 {
+		k := int64(math.MaxInt64)
+		for _, i := range g.idx {
+			if c := &checks[i]; !c.Shadow {
+				k = min(k, min(c.Limit, c.Burst))
+			}
+		}
+		return k
+	}
+	sort.SliceStable(groups, func(i, j int) bool { return key(&groups[i]) < key(&groups[j]) })
+}
+
+// dryGroups reports what the groups' checks say of a request that is
+// denied anyway, committing nothing: what decide.lua reports for the rules
+// of a denied request (a denying rule its own verdict and retry, the
+// others their quota as it stands). Each group's script is given one more
+// check, in the group's slot, that can never fit (cost 2 on a limit of 1,
+// which writes nothing), so it denies and commits nothing.
+func (s *RedisStore) dryGroups(ctx context.Context, b *Batch, groups []slotGroup, results []Result) {
+	parallel(len(groups), func(i int) {
+		g := &groups[i]
+		call := groupCall(ctx, b, g)
+		call.keys = append(call.keys, inSlotOf(call.keys[0], "dry"))
+		call.args = append(call.args, lua.Code(string(FixedWindow)), 1, 1_000_000, 1, int64(2), 0)
+		reply, err := s.eval(call)
+		if err == nil {
+			res := make([]Result, len(g.idx)+1)
+			if _, _, err = parseReply(reply, 2, res); err == nil {
+				for k, idx := range g.idx {
+					results[idx] = res[k]
+				}
+				return
+			}
+		}
+		// Not worth failing a denial over: the rule was not asked.
+		for _, idx := range g.idx {
+			results[idx] = Result{Allowed: true, Remaining: b.Checks[idx].Burst}
+		}
+	})
+}
+
+// inSlotOf returns a key in the hash slot of key: its hash tag and
+// ":<suffix>" (see refundMarker).
+func inSlotOf(key, suffix string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[:i+1+j+1] + ":" + suffix
+		}
+	}
+	return "{" + key + "}:" + suffix
+}
+
+// decideGroups runs decide.lua for every slot's checks at once, each on
+// its slot's primary (one goroutine per slot beyond the first: a primary
+// that is slow holds up only the request that needs it).
 func (s *RedisStore) decideGroups(ctx context.Context, b *Batch, groups []slotGroup, results []Result) {
-	if s.co == nil {
-		parallel(len(groups), func(i int) {
-			call := groupCall(ctx, b, &groups[i])
-			reply, err := s.script.Run(ctx, s.client, call.keys, call.args...).Result()
-			call.release()
-			s.groupDecided(&groups[i], reply, err, results)
-		})
-		return
-	}
-	calls := make([]*scriptCall, len(groups))
-	for i := range groups {
-		calls[i] = groupCall(ctx, b, &groups[i])
-		if !s.co.enqueue(calls[i]) {
-			calls[i].finish(nil, errCoalescerClosed)
-		}
-	}
-	for i, call := range calls {
-		reply, err, ok := call.wait()
-		if ok {
-			call.release()
-		}
+	parallel(len(groups), func(i int) {
+		call := groupCall(ctx, b, &groups[i])
+		reply, err := s.eval(call)
 		s.groupDecided(&groups[i], reply, err, results)
-	}
+	})
 }
 
 // groupCall builds the decide.lua call of one slot's checks.
@@ -272,18 +326,49 @@ func newRefundJob(b *Batch, g *slotGroup, results []Result, markerTTL time.Durat
 	return j
 }
 
+// lateRefundJob builds the refund of a decide.lua run whose caller gave
+// up before its reply came, from the call's keys and arguments and the
+// reply: every check that allowed with a cost, when the run admitted (a
+// denied run committed nothing). nil when it took nothing or the reply is
+// not decide.lua's.
+func lateRefundJob(call *scriptCall, reply any) *refundJob {
+	n := len(call.keys)
+	if n == 0 || len(call.args) != 1+6*n {
+		return nil
+	}
+	res := make([]Result, n)
+	adm, at, err := parseReply(reply, 2, res)
+	if err != nil || adm != 1 {
+		return nil
+	}
+	j := &refundJob{args: []any{call.args[0], lateMarkerTTL.Milliseconds()}}
+	for i := range n {
+		a := call.args[1+6*i : 1+6*(i+1)] // code, limit, period, burst, cost, shadow
+		cost, ok := a[4].(int64)
+		if !res[i].Allowed || !ok || cost <= 0 {
+			continue
+		}
+		j.keys = append(j.keys, call.keys[i])
+		j.idx = append(j.idx, i)
+		j.args = append(j.args, a[0], a[1], a[2], a[3], cost, at, res[i].Remaining, res[i].ResetUS)
+	}
+	if len(j.keys) == 0 {
+		return nil
+	}
+	j.keys = append(j.keys, refundMarker(j.keys[0]))
+	return j
+}
+
+// lateMarkerTTL keeps a late refund's marker past its single background
+// attempt.
+const lateMarkerTTL = backgroundRefundTimeout + time.Second
+
 // refundMarker returns a fresh marker key in the slot of key: its hash tag
 // and ":refund:<random id>", e.g. "rg:{login:1.2.3.4}:refund:9f86d081884c7d65".
+// A key without a hash tag is hashed whole, so it is made the tag (keys
+// that would not survive that are not rategate's; AppendKey always tags).
 func refundMarker(key string) string {
-	id := strconv.FormatUint(rand.Uint64(), 16)
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[:i+1+j+1] + ":refund:" + id
-		}
-	}
-	// No hash tag: the whole key is hashed, so make it the tag (keys that
-	// would not survive that are not rategate's; AppendKey always tags).
-	return "{" + key + "}:refund:" + id
+	return inSlotOf(key, "refund:"+strconv.FormatUint(rand.Uint64(), 16))
 }
 
 // refundMarkerTTL keeps a marker until no retry of its refund can arrive:
@@ -344,6 +429,9 @@ func (s *RedisStore) noteError(err error) {
 	}
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
+	}
+	if s.nodes != nil {
+		s.nodes.reloadSoon()
 	}
 }
 

@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,11 +30,15 @@ import (
 // more before it sends.
 //
 // Deadlines: a caller waits for its reply no longer than its own context
-// allows; a pipeline's deadline is the latest of its callers'. A slow
-// pipeline holds one runner; the others go on, and a caller still queued
-// when its deadline passes gives up without being sent. A call abandoned
-// after it was sent may still be executed by Redis, as with any timed-out
-// command.
+// allows. A caller still queued when its deadline passes gives up without
+// being sent. A call abandoned after it was sent may still be run by
+// Redis; so the runner keeps waiting for its reply a little longer than
+// any caller (the late grace, on top of the latest caller's deadline), and
+// hands a reply that arrives after its caller gave up to the store, which
+// gives back what it committed (a refund): the caller was answered without
+// it, so it must not count. A reply that never comes is an unknown outcome
+// (counted: its units stay consumed until the window passes, never the
+// other way round). A slow pipeline holds one runner; the others go on.
 
 // CoalesceOptions configures how a Redis store gathers decisions into
 // pipelines. The zero value of a field means its default.
@@ -53,6 +58,13 @@ type CoalesceOptions struct {
 	// Timeout bounds a pipeline whose callers set no deadline. Default
 	// DefaultCoalesceTimeout.
 	Timeout time.Duration
+	// LateGrace is how long a runner waits for replies past the latest
+	// caller's deadline, so that a commit whose caller gave up can be
+	// given back. Default DefaultLateGrace.
+	LateGrace time.Duration
+	// Budget is a decision's deadline (redis.timeout); a cluster primary's
+	// breaker probes with it. Default DefaultBudget.
+	Budget time.Duration
 }
 
 // Defaults of CoalesceOptions, chosen with make bench (README, Performance).
@@ -60,6 +72,8 @@ const (
 	DefaultPipelines       = 4
 	DefaultMaxBatch        = 128
 	DefaultCoalesceTimeout = 3 * time.Second
+	DefaultLateGrace       = 2 * time.Second
+	DefaultBudget          = 50 * time.Millisecond
 )
 
 func (o CoalesceOptions) withDefaults() CoalesceOptions {
@@ -72,6 +86,22 @@ func (o CoalesceOptions) withDefaults() CoalesceOptions {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultCoalesceTimeout
 	}
+	if o.LateGrace <= 0 {
+		o.LateGrace = DefaultLateGrace
+	}
+	if o.Budget <= 0 {
+		o.Budget = DefaultBudget
+	}
+	if o.Disabled {
+		// One script run per round trip, each on its own connection, as
+		// many at once as the pool allows (OpenRedis sets Pipelines to
+		// the pool size): the same runners, late replies and refunds as
+		// with coalescing, none of the sharing.
+		o.MaxBatch = 1
+		if o.Pipelines == DefaultPipelines {
+			o.Pipelines = 10 * runtime.GOMAXPROCS(0)
+		}
+	}
 	return o
 }
 
@@ -80,9 +110,10 @@ var errCoalescerClosed = errors.New("redis store closed")
 
 // scriptCall is one script execution: its keys and arguments, filled by the
 // caller, and its reply, filled by a runner. Calls are pooled; the keys and
-// args buffers belong to the call, so a caller that gives up (deadline)
-// simply drops the call, and the runner that may still hold it never
-// touches memory the caller reuses.
+// args buffers belong to the call. Whoever ends with the call releases it:
+// the caller once it received the reply, or the runner when the caller gave
+// up first (state abandoned) — then the runner hands the reply to the
+// store's late handler and releases the call itself.
 type scriptCall struct {
 	ctx context.Context
 	// deadline is ctx's, copied when the call is made: a runner may hold
@@ -96,7 +127,16 @@ type scriptCall struct {
 	reply any
 	err   error
 	done  chan struct{} // one send per use, by the runner
+	state atomic.Int32  // callPending, callAbandoned, callDelivered
 }
+
+// The states of a call: a pending call ends delivered (the caller has the
+// reply) or abandoned (the caller gave up; the runner owns the call).
+const (
+	callPending int32 = iota
+	callAbandoned
+	callDelivered
+)
 
 var callPool = sync.Pool{New: func() any { return &scriptCall{done: make(chan struct{}, 1)} }}
 
@@ -105,7 +145,15 @@ func newCall(ctx context.Context) *scriptCall {
 	c := callPool.Get().(*scriptCall)
 	c.ctx = ctx
 	c.deadline, c.hasDeadline = ctx.Deadline()
+	c.state.Store(callPending)
 	return c
+}
+
+// rearm makes a call that was delivered an error (a redirect: Redis did not
+// run it) ready to be sent again.
+func (c *scriptCall) rearm() {
+	c.reply, c.err = nil, nil
+	c.state.Store(callPending)
 }
 
 // release returns a finished call to the pool. Only the caller releases,
@@ -133,10 +181,15 @@ func (c *scriptCall) expiredAt(now time.Time) error {
 	return c.ctx.Err()
 }
 
-// finish hands the reply to the caller.
-func (c *scriptCall) finish(reply any, err error) {
+// finish hands the reply to the caller. It reports false when the caller
+// gave up first: the runner then owns the call.
+func (c *scriptCall) finish(reply any, err error) bool {
 	c.reply, c.err = reply, err
-	c.done <- struct{}{}
+	if c.state.CompareAndSwap(callPending, callDelivered) {
+		c.done <- struct{}{}
+		return true
+	}
+	return false
 }
 
 // wait blocks until the call's reply or its context's end. On the latter
@@ -146,15 +199,14 @@ func (c *scriptCall) wait() (any, error, bool) {
 	case <-c.done:
 		return c.reply, c.err, true
 	case <-c.ctx.Done():
-		// Both may be ready at once, and select picks at random: a reply
-		// that arrived is a decision Redis made (and, if admitted,
-		// committed), so it wins over the deadline.
-		select {
-		case <-c.done:
-			return c.reply, c.err, true
-		default:
+		if c.state.CompareAndSwap(callPending, callAbandoned) {
+			return nil, c.ctx.Err(), false
 		}
-		return nil, c.ctx.Err(), false
+		// Delivered at the same moment: a reply that arrived is a
+		// decision Redis made (and, if admitted, committed), so it wins
+		// over the deadline.
+		<-c.done
+		return c.reply, c.err, true
 	}
 }
 
@@ -163,11 +215,17 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// coalescer runs the store's decide script for many callers per pipeline.
+// coalescer runs the store's decide script for many callers per pipeline,
+// on one server (one per primary on a cluster).
 type coalescer struct {
 	client pipeliner
 	script *redis.Script
 	opt    CoalesceOptions
+	// parent ends with the store: pipelines in flight give up at Close.
+	parent context.Context
+	// late is handed every reply (or error) whose caller gave up, and the
+	// call with it; it must not keep the call.
+	late func(call *scriptCall, reply any, err error)
 
 	mu     sync.Mutex
 	queue  []*scriptCall
@@ -192,21 +250,35 @@ type CoalesceStats struct {
 	Pipelines, Calls, Expired uint64
 }
 
-// Coalescing returns the pipeline counts, and false when the store does
-// not coalesce.
+// Coalescing returns the pipeline counts (summed over the primaries of a
+// cluster), and false when the store does not coalesce.
 func (s *RedisStore) Coalescing() (CoalesceStats, bool) {
-	if s.co == nil {
-		return CoalesceStats{}, false
+	var st CoalesceStats
+	add := func(c *coalescer) {
+		st.Pipelines += c.pipelines.Load()
+		st.Calls += c.sent.Load()
+		st.Expired += c.expired.Load()
 	}
-	return CoalesceStats{Pipelines: s.co.pipelines.Load(), Calls: s.co.sent.Load(), Expired: s.co.expired.Load()}, true
+	if s.co != nil {
+		add(s.co)
+	}
+	if s.nodes != nil {
+		for _, nd := range s.nodes.all() {
+			add(nd.co)
+		}
+	}
+	return st, !s.coOpt.Disabled
 }
 
-func newCoalescer(client pipeliner, script *redis.Script, o CoalesceOptions) *coalescer {
+func newCoalescer(parent context.Context, client pipeliner, script *redis.Script, o CoalesceOptions,
+	late func(call *scriptCall, reply any, err error)) *coalescer {
 	o = o.withDefaults()
 	c := &coalescer{
 		client: client,
 		script: script,
 		opt:    o,
+		parent: parent,
+		late:   late,
 		queue:  make([]*scriptCall, 0, o.MaxBatch),
 		ready:  make(chan struct{}, 1),
 		stop:   make(chan struct{}),
@@ -218,19 +290,14 @@ func newCoalescer(client pipeliner, script *redis.Script, o CoalesceOptions) *co
 	return c
 }
 
-// do runs call's script and returns its reply. It owns call afterwards:
-// released when the reply arrived, dropped when the caller's context
-// ended first.
-func (c *coalescer) do(call *scriptCall) (any, error) {
+// do runs call's script and returns its reply. owned reports whether the
+// caller still owns call (and must release it): false when its context
+// ended first and the runner took it over.
+func (c *coalescer) do(call *scriptCall) (reply any, err error, owned bool) {
 	if !c.enqueue(call) {
-		call.release()
-		return nil, errCoalescerClosed
+		return nil, errCoalescerClosed, true
 	}
-	reply, err, ok := call.wait()
-	if ok {
-		call.release()
-	}
-	return reply, err
+	return call.wait()
 }
 
 // enqueue queues call for the next pipeline; false once closed.
@@ -305,8 +372,8 @@ func (c *coalescer) take(batch []*scriptCall) []*scriptCall {
 	return batch
 }
 
-// send runs batch as one pipeline (one per node on a cluster) and finishes
-// every call in it. A call whose caller already gave up is not sent.
+// send runs batch as one pipeline and finishes every call in it. A call
+// whose caller already gave up is not sent.
 func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redis.Cmd) []*redis.Cmd {
 	var deadline time.Time
 	now := time.Now()
@@ -314,7 +381,9 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	for _, call := range batch {
 		if err := call.expiredAt(now); err != nil {
 			c.expired.Add(1)
-			call.finish(nil, err)
+			if !call.finish(nil, err) {
+				call.release() // abandoned before it was sent: nothing ran
+			}
 			continue
 		}
 		d := call.deadline
@@ -329,7 +398,9 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	if len(live) == 0 {
 		return cmds
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	// Past the latest caller's deadline the runner keeps waiting, for
+	// LateGrace: a reply that comes late is a commit to give back.
+	ctx, cancel := context.WithDeadline(c.parent, deadline.Add(c.opt.LateGrace))
 	defer cancel()
 	for _, call := range live {
 		cmds = append(cmds, c.script.EvalSha(ctx, pipe, call.keys, call.args...))
@@ -351,7 +422,13 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 		_, _ = pipe.Exec(ctx)
 	}
 	for i, call := range live {
-		call.finish(cmds[i].Result())
+		reply, err := cmds[i].Result()
+		if !call.finish(reply, err) {
+			if c.late != nil {
+				c.late(call, reply, err)
+			}
+			call.release()
+		}
 	}
 	return cmds
 }
@@ -375,7 +452,9 @@ func (c *coalescer) close() {
 	c.queue = nil
 	c.mu.Unlock()
 	for _, call := range left {
-		call.finish(nil, errCoalescerClosed)
+		if !call.finish(nil, errCoalescerClosed) {
+			call.release()
+		}
 	}
 	close(c.stop)
 	c.wg.Wait()

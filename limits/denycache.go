@@ -2,7 +2,6 @@ package limits
 
 import (
 	"context"
-	"errors"
 	"hash/maphash"
 	"math"
 	"math/bits"
@@ -78,7 +77,8 @@ import (
 //     between was computed with that quota still held, and its RetryUS is
 //     then later than the truth after the refund. Uncached that strictness
 //     lasts a round trip; cached it would last until RetryUS. So the cache
-//     is refused on a cluster store (SetDenyCache returns ErrDenyCacheCluster).
+//     must not be given to a limiter over a cluster store (the wiring
+//     leaves it off there).
 //   - Clocks: the store's clock is Redis TIME and the cache's is this
 //     process's monotonic clock. Their rates differ by the two hosts'
 //     frequency errors (a few ppm, up to 500 ppm while NTP slews), so a
@@ -94,10 +94,6 @@ import (
 // Exactness is judged at the moment the request is decided: a request the
 // cache denies at t would have been denied by the store evaluating it at t.
 // (A real round trip evaluates it a little later, which can only help it.)
-
-// ErrDenyCacheCluster is SetDenyCache's answer for a Redis Cluster store,
-// where a cached denial would not be exact (see the file comment).
-var ErrDenyCacheCluster = errors.New("deny cache not used on Redis Cluster: cross-slot refunds can make a denial's retry time later than the truth, so a cached denial would not be exact")
 
 // driftShift shortens a cached retry by retry>>driftShift (1/1024, ~977 ppm)
 // to absorb a rate difference between Redis's clock and ours.
@@ -150,6 +146,17 @@ type denyEntry struct {
 	// resetAtUS is when the store said the quota would be fully back.
 	resetAtUS int64
 	remaining int64
+	// at is the cache-clock time of the denial; others are the verdicts of
+	// the request's other rules at that time, which a cached answer reports
+	// (aged) so that every answer lists every matching rule.
+	at     int64
+	others []seen
+}
+
+// seen is one other rule's result when a cached denial was stored.
+type seen struct {
+	rule   *Rule
+	result Result
 }
 
 // ResetAnnouncer tells the other rategate instances that a key was reset, so
@@ -261,10 +268,49 @@ func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, boo
 	return e, true
 }
 
+// putDecision caches every non-shadow denial of d, a decision the store
+// made that read generation gen and the cache clock now (before the store
+// call). exactClock says the cache clock is the store's own (tests).
+func (c *DenyCache) putDecision(gen uint64, d *Decision, now int64, exactClock bool) {
+	if d.Admitted {
+		return
+	}
+	var others []seen
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if v.Result.Allowed || v.Rule.Shadow || v.Result.RetryUS == 0 {
+			continue
+		}
+		if others == nil && len(d.Verdicts) > 1 {
+			others = make([]seen, 0, len(d.Verdicts))
+			for j := range d.Verdicts {
+				others = append(others, seen{rule: d.Verdicts[j].Rule, result: d.Verdicts[j].Result})
+			}
+		}
+		c.put(gen, v, others, now, exactClock)
+	}
+}
+
+// lastSeen returns what the entry recorded of rule r's result, aged to
+// now; a rule it did not see reports its full quota (it was not asked,
+// and a denied request consumes nothing).
+func (e *denyEntry) lastSeen(r *Rule, now int64) Result {
+	for _, o := range e.others {
+		if o.rule == r {
+			res := o.result
+			res.Allowed = true
+			res.RetryUS = 0
+			res.ResetUS = max(res.ResetUS-(now-e.at), 0)
+			return res
+		}
+	}
+	return Result{Allowed: true, Remaining: max(r.Burst, r.Limit)}
+}
+
 // put caches v, a non-shadow denial the store answered for a request whose
 // decision read generation gen and the cache clock now (before the store
 // call). exactClock says the cache clock is the store's own (tests).
-func (c *DenyCache) put(gen uint64, v *Verdict, now int64, exactClock bool) {
+func (c *DenyCache) put(gen uint64, v *Verdict, others []seen, now int64, exactClock bool) {
 	var until, retryAt int64
 	switch retry := v.Result.RetryUS; {
 	case retry == NeverFits:
@@ -293,6 +339,8 @@ func (c *DenyCache) put(gen uint64, v *Verdict, now int64, exactClock bool) {
 		retryAtUS: retryAt,
 		resetAtUS: now + max(v.Result.ResetUS, 0),
 		remaining: v.Result.Remaining,
+		at:        now,
+		others:    others,
 	}
 	sh := c.shard(maphash.String(c.seed, v.Key))
 	sh.mu.Lock()
@@ -368,20 +416,4 @@ func costNeverFits(r *Rule, cost int64) bool {
 		return cost > r.Burst
 	}
 	return cost > r.Limit
-}
-
-// usesRefunds reports whether s is (or wraps) a Redis Cluster store, whose
-// cross-slot refunds make cached denials inexact.
-func usesRefunds(s Store) bool {
-	for i := 0; s != nil && i < 8; i++ {
-		if rs, ok := s.(*RedisStore); ok {
-			return rs.Topology() == Cluster
-		}
-		u, ok := s.(interface{ Unwrap() Store })
-		if !ok {
-			return false
-		}
-		s = u.Unwrap()
-	}
-	return false
 }

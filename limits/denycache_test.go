@@ -135,10 +135,7 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 	t.Helper()
 	ctx := context.Background()
 	cache := NewDenyCache(1024)
-	cached := NewLimiter(s.store, prefix, rules)
-	if err := cached.SetDenyCache(cache); err != nil {
-		t.Fatal(err)
-	}
+	cached := New(Options{Store: s.store, Prefix: prefix, Rules: rules, DenyCache: cache})
 	truth := NewLimiter(s.store, prefix, rules)
 	users := []string{"u0", "u1", "u2"}
 	maxCost := int64(1)
@@ -206,10 +203,17 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 			fail("decide: %v", err)
 		} else if d.Cached {
 			st.hits++
-			if d.Admitted || d.Denier != 0 || len(d.Verdicts) != 1 || d.Verdicts[0].Rule.Shadow || d.Verdicts[0].Result.Allowed {
+			if d.Admitted || d.Denier < 0 || d.Denier >= len(d.Verdicts) || d.Verdicts[d.Denier].Rule.Shadow || d.Verdicts[d.Denier].Result.Allowed {
 				fail("malformed cached decision %+v", d)
 			}
-			cv := d.Verdicts[0]
+			// Every matching rule is listed (the headers name them all),
+			// the others as allowing: they were not asked.
+			for i, v := range d.Verdicts {
+				if i != d.Denier && !v.Result.Allowed {
+					fail("cached decision: rule %q not the denier but not allowing: %+v", v.Rule.Name, d)
+				}
+			}
+			cv := d.Verdicts[d.Denier]
 			if cv.Result.RetryUS == 1 {
 				st.lastMicro++
 			}
@@ -350,12 +354,8 @@ func dcLimiter(t *testing.T, maxEntries int, rules ...*Rule) (*Limiter, *DenyCac
 	t.Helper()
 	m := newMemoryStore(time.Hour)
 	t.Cleanup(func() { m.Close() })
-	l := NewLimiter(m, "rg", rules)
 	c := NewDenyCache(maxEntries)
-	if err := l.SetDenyCache(c); err != nil {
-		t.Fatal(err)
-	}
-	return l, c
+	return New(Options{Store: m, Prefix: "rg", Rules: rules, DenyCache: c}), c
 }
 
 func dcFixed(limit int64, period time.Duration) *Rule {
@@ -549,11 +549,8 @@ func TestDenyCacheGenerationRace(t *testing.T) {
 			m := newMemoryStore(time.Hour)
 			defer m.Close()
 			g := &gateStore{Store: m, entered: make(chan struct{}), release: make(chan struct{})}
-			l := NewLimiter(g, "rg", []*Rule{r})
 			c := NewDenyCache(100)
-			if err := l.SetDenyCache(c); err != nil {
-				t.Fatal(err)
-			}
+			l := New(Options{Store: g, Prefix: "rg", Rules: []*Rule{r}, DenyCache: c})
 			now := windowStart(time.Hour) + 1
 			dcWant(t, "first", dcAsk(t, l, "u", 1, now), true, false)
 			g.armed.Store(true)
@@ -653,33 +650,6 @@ func TestDenyCacheRealClock(t *testing.T) {
 	}
 }
 
-// clusterish wraps a store the way metrics.InstrumentStore does.
-type clusterish struct{ Store }
-
-func (c clusterish) Unwrap() Store { return c.Store }
-
-// TestDenyCacheRefusedOnCluster: refunds make a cluster's denials inexact.
-func TestDenyCacheRefusedOnCluster(t *testing.T) {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	rs, err := NewRedisStore(cc, "cluster")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
-	l := NewLimiter(clusterish{rs}, "rg", nil)
-	if err := l.SetDenyCache(NewDenyCache(10)); !errors.Is(err, ErrDenyCacheCluster) {
-		t.Fatalf("SetDenyCache on a wrapped cluster store: %v, want ErrDenyCacheCluster", err)
-	}
-	if l.DenyCache() != nil {
-		t.Fatal("the cache stayed on")
-	}
-	m := NewMemoryStore()
-	defer m.Close()
-	if err := NewLimiter(clusterish{m}, "rg", nil).SetDenyCache(NewDenyCache(10)); err != nil {
-		t.Fatalf("memory store: %v", err)
-	}
-}
-
 // TestDenyCacheAllocs: with the cache on, a request the cache does not
 // answer allocates no more than without it, and one it answers allocates
 // nothing.
@@ -706,11 +676,8 @@ func TestDenyCacheAllocs(t *testing.T) {
 	// Two limiters share one cache: the small rule's denial fills it, so
 	// the big rule's requests really look it up, and miss.
 	c := NewDenyCache(100)
-	ls := NewLimiter(m, "rg", []*Rule{small})
-	lb := NewLimiter(m, "rg", []*Rule{big})
-	if ls.SetDenyCache(c) != nil || lb.SetDenyCache(c) != nil {
-		t.Fatal("SetDenyCache failed")
-	}
+	ls := New(Options{Store: m, Prefix: "rg", Rules: []*Rule{small}, DenyCache: c})
+	lb := New(Options{Store: m, Prefix: "rg", Rules: []*Rule{big}, DenyCache: c})
 	dcAsk(t, ls, "denied", 1, now)
 	dcAsk(t, ls, "denied", 1, now)
 	if c.Len() != 1 {

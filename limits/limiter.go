@@ -2,8 +2,9 @@ package limits
 
 import (
 	"context"
-
+	"errors"
 	"sync/atomic"
+	"time"
 )
 
 // Verdict is one matching rule's outcome within a Decision.
@@ -17,34 +18,73 @@ type Verdict struct {
 	Result Result
 }
 
+// Fallback says why the local fallback store decided a request instead of
+// the shared store.
+type Fallback uint8
+
+// The reasons for a local decision.
+const (
+	// FallbackNone: the shared store (or the deny cache) decided.
+	FallbackNone Fallback = iota
+	// FallbackStoreDown: the shared store is down (its breaker is open) and
+	// failure_mode is local.
+	FallbackStoreDown
+	// FallbackCallFailed: the store is up but this decision failed or was
+	// too slow. Whatever failure_mode says, such a request is decided
+	// locally: a caller must not be able to turn a slow decision into an
+	// admission.
+	FallbackCallFailed
+)
+
+// String returns the reason as a metric label: none, store_down, call_failed.
+func (f Fallback) String() string {
+	switch f {
+	case FallbackStoreDown:
+		return "store_down"
+	case FallbackCallFailed:
+		return "call_failed"
+	}
+	return "none"
+}
+
 // Decision is the outcome of one request. The handler owns it and may reuse
 // it across requests (Decide resets it).
 type Decision struct {
-	// Admitted is false when some non-shadow rule denied the request.
+	// Admitted is the answer: false when some non-shadow rule denied the
+	// request, or when nothing could decide it and the failure mode is deny.
 	Admitted bool
-	// Verdicts has one entry per matching rule, in rule order, shadow rules included.
+	// Verdicts has one entry per matching rule, in rule order, shadow rules
+	// included. When Undecided their results are unset.
 	Verdicts []Verdict
 	// Denier is the index in Verdicts of the rule that denied, or -1. When
 	// several rules deny, it is the one whose quota returns last.
 	Denier int
-	// Local is true when the shared store failed and the local fallback
-	// store decided instead (failure_mode: local).
-	Local bool
+	// Local is true when the local fallback store decided instead of the
+	// shared one; Fallback says why.
+	Local    bool
+	Fallback Fallback
+	// Undecided is true when no store decided: the shared store is down
+	// (or failed without a fallback) and Mode answered (allow or deny).
+	Undecided bool
+	// Mode is the failure mode in force when the shared store could not
+	// decide (Local or Undecided); meaningless otherwise.
+	Mode FailureMode
+	// Err is the shared store's error when it did not decide (Local or
+	// Undecided), for logs.
+	Err error
 	// Cached is true when the deny cache answered without asking the store:
 	// the store had denied this identity under a rule until a time not yet
 	// reached, for a cost no larger than this request's. The request is
-	// denied, and Verdicts holds only that rule's verdict (Denier 0), as the
-	// store last reported it and aged to now:
+	// denied, and Verdicts holds every matching rule: the denying one as
+	// the store last reported it and aged to now (Denier), the others as
+	// the deny cache last saw them or, if it never did, with their full
+	// quota (they were not asked and consumed nothing):
 	//
 	//	RetryUS   the time left until the cached denial ends (NeverFits when
 	//	          this cost can never fit the rule: above its burst, or its
 	//	          limit for the window algorithms)
 	//	ResetUS   the store's reset, minus the time since, never negative
 	//	Remaining the store's remaining quota at that denial
-	//
-	// The other matching rules were not evaluated and consumed nothing, as
-	// for any denied request. The rule is the first in rule order with a
-	// cached denial, not necessarily the one whose quota returns last.
 	Cached bool
 
 	keyBuf []byte
@@ -53,79 +93,173 @@ type Decision struct {
 	res    []Result
 }
 
+// StoreOp names a store call for a StoreObserver.
+type StoreOp uint8
+
+// The store calls a limiter makes.
+const (
+	OpDecide StoreOp = iota
+	OpPeek
+	OpReset
+	OpPing
+	OpRaw
+	NumStoreOps
+)
+
+// String returns the op as a metric label.
+func (o StoreOp) String() string {
+	switch o {
+	case OpDecide:
+		return "decide"
+	case OpPeek:
+		return "peek"
+	case OpReset:
+		return "reset"
+	case OpPing:
+		return "ping"
+	case OpRaw:
+		return "raw"
+	}
+	return "unknown"
+}
+
+// StoreObserver is told about every call the limiter makes to the shared
+// store, after it returns. It is called on the hot path: it must be safe
+// for concurrent use, quick, and should not allocate.
+type StoreObserver interface {
+	StoreCall(op StoreOp, elapsed time.Duration, err error)
+}
+
+// Options configures a Limiter. Only Store is required; every other part is
+// optional and handed in by whoever wires rategate, so the limiter never
+// has to discover what its store can do.
+type Options struct {
+	// Store decides batches (Redis or memory).
+	Store Store
+	// Prefix starts every key ("rg").
+	Prefix string
+	// Rules are the initial rules (SetRules swaps them later).
+	Rules []*Rule
+	// Breaker, when set, is asked before every store call: while it is
+	// open the store is not called and counts as down.
+	Breaker *Breaker
+	// Fallback decides when the store cannot: while it is down and the
+	// failure mode is local, and, whatever the failure mode, for a single
+	// decision that failed while the store is up. Every limit and burst is
+	// divided by LocalShare (the number of instances) there.
+	Fallback   Store
+	LocalShare int
+	// FailureMode answers requests nothing could decide (SetFailureMode
+	// changes it).
+	FailureMode FailureMode
+	// DenyCache, when set, answers repeated denials locally (see
+	// denycache.go). Only hand it a store whose denials are final when
+	// given: not one that refunds cross-slot commits (Redis Cluster).
+	DenyCache *DenyCache
+	// Inspector, when set, shows a key's raw stored value (Inspect).
+	Inspector Inspector
+	// Observer, when set, is told about every store call.
+	Observer StoreObserver
+}
+
 // Limiter matches requests against the current rules and asks the store.
 // It is safe for concurrent use; SetRules swaps the rule set atomically, so a
 // request sees either the old rules or the new ones, never a mix.
 type Limiter struct {
-	store  Store
-	prefix string
-	rules  atomic.Pointer[[]*Rule]
+	store   Store
+	prefix  string
+	rules   atomic.Pointer[[]*Rule]
+	breaker *Breaker
 
-	// fallback, when set, decides while store fails, with every limit and
-	// burst divided by share (failure_mode: local).
 	fallback Store
-	share    int64
+	share    atomic.Int64
+	mode     atomic.Uint32 // FailureMode
 
-	// deny, when set, answers repeated denials locally (SetDenyCache).
-	deny *DenyCache
+	deny      *DenyCache
+	inspector Inspector
+	obs       StoreObserver
 
 	// keys interns store keys (intern.go).
 	keys *keyIntern
 }
 
-// SetFallback makes the limiter decide with local (normally a MemoryStore)
-// whenever the shared store returns an error, dividing every limit and burst
-// by share (the number of rategate instances) so the fleet stays near the
-// intended global limit. Call it before the limiter is used.
-func (l *Limiter) SetFallback(local Store, share int) {
-	l.fallback = local
-	l.share = int64(max(share, 1))
-}
-
-// SetDenyCache makes the limiter answer requests of an identity the store
-// denied from c until the store's retry time, without asking the store
-// (see denycache.go for why that is exact). nil turns it off. Call it before
-// the limiter is used. It refuses a Redis Cluster store, where the answer
-// would not be exact (ErrDenyCacheCluster), and then leaves the cache off.
-func (l *Limiter) SetDenyCache(c *DenyCache) error {
-	if c != nil && usesRefunds(l.store) {
-		l.deny = nil
-		return ErrDenyCacheCluster
+// New returns a limiter as opts describe.
+func New(opts Options) *Limiter {
+	l := &Limiter{
+		store:     opts.Store,
+		prefix:    opts.Prefix,
+		breaker:   opts.Breaker,
+		fallback:  opts.Fallback,
+		deny:      opts.DenyCache,
+		inspector: opts.Inspector,
+		obs:       opts.Observer,
+		keys:      newKeyIntern(),
 	}
-	l.deny = c
-	return nil
+	l.mode.Store(uint32(opts.FailureMode))
+	l.SetLocalShare(opts.LocalShare)
+	l.SetRules(opts.Rules)
+	return l
 }
 
-// DenyCache returns the limiter's deny cache, or nil when it has none.
-func (l *Limiter) DenyCache() *DenyCache { return l.deny }
-
-// NewLimiter returns a limiter over store with the given key prefix and rules.
+// NewLimiter returns a limiter over store with the given key prefix and
+// rules and nothing else: no breaker, fallback or deny cache.
 func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
-	l := &Limiter{store: store, prefix: prefix, keys: newKeyIntern()}
-	l.SetRules(rules)
-	return l
+	return New(Options{Store: store, Prefix: prefix, Rules: rules})
 }
 
 // SetRules replaces the rule set. The slice must not be modified afterwards.
 // Cached denials were computed under the old rules, so they are dropped.
 func (l *Limiter) SetRules(rules []*Rule) {
+	if rules == nil {
+		rules = []*Rule{}
+	}
 	l.rules.Store(&rules)
 	if l.deny != nil {
 		l.deny.Clear() // after the store: see decide
 	}
 }
 
+// SetFailureMode changes what undecidable requests get (a reload).
+func (l *Limiter) SetFailureMode(m FailureMode) { l.mode.Store(uint32(m)) }
+
+// SetLocalShare changes what the local fallback divides limits by (the
+// number of instances; at least 1).
+func (l *Limiter) SetLocalShare(n int) { l.share.Store(int64(max(n, 1))) }
+
+// FailureMode returns the failure mode in force.
+func (l *Limiter) FailureMode() FailureMode { return FailureMode(l.mode.Load()) }
+
 // Rules returns the current rule set. Callers must not modify it.
 func (l *Limiter) Rules() []*Rule { return *l.rules.Load() }
 
-// Store returns the store the limiter decides with.
-func (l *Limiter) Store() Store { return l.store }
+// Rule returns the rule in force called name, or nil.
+func (l *Limiter) Rule(name string) *Rule {
+	for _, r := range l.Rules() {
+		if r.Name == name {
+			return r
+		}
+	}
+	return nil
+}
 
 // Prefix returns the key prefix.
 func (l *Limiter) Prefix() string { return l.prefix }
 
-// Decide evaluates every rule that matches req in one store call and fills d.
-// A request no rule matches is admitted without asking the store.
+// DenyCache returns the limiter's deny cache, or nil when it has none.
+func (l *Limiter) DenyCache() *DenyCache { return l.deny }
+
+// Breaker returns the limiter's breaker, or nil when it has none.
+func (l *Limiter) Breaker() *Breaker { return l.breaker }
+
+// StoreName describes the shared store ("redis 127.0.0.1:6379", "memory").
+func (l *Limiter) StoreName() string { return l.store.Name() }
+
+// Decide evaluates every rule that matches req in one store call and fills
+// d with the answer, however it was reached: by the store, the deny cache,
+// the local fallback, or the failure mode (d says which). The error is the
+// shared store's when it did not decide, for the caller to log; d is
+// complete either way. A request no rule matches is admitted without
+// asking the store.
 func (l *Limiter) Decide(ctx context.Context, req *Request, d *Decision) error {
 	return l.decide(ctx, req, d, 0)
 }
@@ -147,7 +281,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	rules := *l.rules.Load()
 	d.Admitted = true
 	d.Denier = -1
-	d.Local = false
+	d.Local, d.Fallback, d.Undecided, d.Err = false, FallbackNone, false, nil
 	d.Cached = false
 	d.Verdicts = d.Verdicts[:0]
 	d.batch.Checks = d.batch.Checks[:0]
@@ -160,6 +294,8 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		clock = dc.clock(nowUS)
 		probe = dc.entries.Load() > 0
 	}
+	cached := -1
+	var hit denyEntry
 	for _, r := range rules {
 		if !r.Matches(req) {
 			continue
@@ -174,18 +310,20 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		if req.Cost > 0 {
 			cost = req.Cost
 		}
-		if probe && !r.Shadow {
+		if probe && cached < 0 && !r.Shadow {
 			if e, ok := dc.lookup(d.keyBuf, r, cost, clock); ok {
-				d.Verdicts = append(d.Verdicts[:0], e.verdict(r, cost, clock))
-				d.Admitted = false
-				d.Denier = 0
-				d.Cached = true
-				return nil
+				cached, hit = len(d.Verdicts), e
+				d.Verdicts = append(d.Verdicts, e.verdict(r, cost, clock))
+				continue
 			}
 		}
 		key := l.keys.get(d.keyBuf)
 		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
 		d.batch.Checks = append(d.batch.Checks, r.Check(key, cost))
+	}
+	if cached >= 0 {
+		cachedDenial(d, cached, &hit, clock)
+		return nil
 	}
 	if len(d.batch.Checks) == 0 {
 		return nil
@@ -194,21 +332,35 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		d.res = make([]Result, len(d.batch.Checks))
 	}
 	d.res = d.res[:len(d.batch.Checks)]
-	admitted, err := l.store.Decide(ctx, &d.batch, d.res)
+
+	admitted, err := l.decideShared(ctx, d)
 	if err != nil {
-		if l.fallback == nil {
+		mode := l.FailureMode()
+		d.Err, d.Mode = err, mode
+		reason := FallbackStoreDown
+		if !l.down(err) {
+			reason = FallbackCallFailed
+		}
+		if l.fallback == nil || (reason == FallbackStoreDown && mode != FailLocal) {
+			d.Undecided = true
+			d.Admitted = mode != FailDeny
 			return err
 		}
+		share := l.share.Load()
 		for i := range d.batch.Checks {
 			c := &d.batch.Checks[i]
-			c.Limit = max(c.Limit/l.share, 1)
-			c.Burst = max(c.Burst/l.share, 1)
+			c.Limit = max(c.Limit/share, 1)
+			c.Burst = max(c.Burst/share, 1)
 		}
-		// The local store never fails; its error would be a bug worth returning.
-		if admitted, err = l.fallback.Decide(ctx, &d.batch, d.res); err != nil {
-			return err
+		// The local store never fails; its error would be a bug: then the
+		// failure mode answers.
+		var lerr error
+		if admitted, lerr = l.fallback.Decide(ctx, &d.batch, d.res); lerr != nil {
+			d.Undecided = true
+			d.Admitted = mode != FailDeny
+			return errors.Join(err, lerr)
 		}
-		d.Local = true
+		d.Local, d.Fallback = true, reason
 	}
 	d.Admitted = admitted
 	for i := range d.Verdicts {
@@ -218,13 +370,62 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 			if d.Denier < 0 || retryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS) {
 				d.Denier = i
 			}
-			// Only the shared store's word is cached, never the fallback's.
-			if dc != nil && !d.Local {
-				dc.put(gen, v, clock, nowUS != 0)
-			}
 		}
 	}
-	return nil
+	if dc != nil && !d.Local {
+		// Only the shared store's word is cached, never the fallback's.
+		dc.putDecision(gen, d, clock, nowUS != 0)
+	}
+	return err
+}
+
+// decideShared asks the shared store, through the breaker, and tells the
+// observer.
+func (l *Limiter) decideShared(ctx context.Context, d *Decision) (bool, error) {
+	var t Ticket
+	if l.breaker != nil {
+		var err error
+		if t, err = l.breaker.Allow(); err != nil {
+			return false, err
+		}
+	}
+	var start time.Time
+	if l.obs != nil {
+		start = time.Now()
+	}
+	admitted, err := l.store.Decide(ctx, &d.batch, d.res)
+	if l.obs != nil {
+		l.obs.StoreCall(OpDecide, time.Since(start), err)
+	}
+	if l.breaker != nil {
+		l.breaker.Done(t, err)
+	}
+	return admitted, err
+}
+
+// down reports whether err means the shared store is down as a whole (its
+// breaker refused the call or is open now), rather than that one call
+// failed while it is up.
+func (l *Limiter) down(err error) bool {
+	if errors.Is(err, ErrBreakerOpen) {
+		return true
+	}
+	return l.breaker != nil && l.breaker.Open()
+}
+
+// cachedDenial completes d for a request the deny cache denied through
+// Verdicts[i] (entry e): the other matching rules were not asked (a denied
+// request consumes nothing anywhere), and are reported from what e saw of
+// them when the store denied.
+func cachedDenial(d *Decision, i int, e *denyEntry, clock int64) {
+	d.Admitted = false
+	d.Cached = true
+	d.Denier = i
+	for j := range d.Verdicts {
+		if j != i {
+			d.Verdicts[j].Result = e.lastSeen(d.Verdicts[j].Rule, clock)
+		}
+	}
 }
 
 // retryLater reports whether retry a is later than b, NeverFits being latest.
@@ -249,11 +450,116 @@ func (r *Rule) Check(key string, cost int64) Check {
 }
 
 // KeyFor returns the store key of rule r for req, and false when the rule
-// does not apply to req's identity (anonymous: skip). Used by the admin API.
+// does not apply to req's identity (anonymous: skip).
 func (l *Limiter) KeyFor(r *Rule, req *Request) (string, bool) {
 	ident, ok := AppendIdentity(nil, r, req)
 	if !ok {
 		return "", false
 	}
 	return string(AppendKey(nil, l.prefix, r, ident)), true
+}
+
+// KeyState is one identity's state under one rule, as Inspect reports it.
+type KeyState struct {
+	Key string
+	// Result is a zero-cost look at the key: Remaining, ResetUS.
+	Result Result
+	// Raw is the stored value, nil when the store cannot show it (RawErr
+	// says why).
+	Raw    *RawValue
+	RawErr error
+}
+
+// ErrNotApplicable is Inspect's and ResetKey's answer when the rule does
+// not apply to the identity (a user key, anonymous: skip, no user).
+var ErrNotApplicable = errors.New("the rule does not apply to this identity (anonymous: skip)")
+
+// Inspect reports the state of req's key under rule r without consuming.
+func (l *Limiter) Inspect(ctx context.Context, r *Rule, req *Request) (KeyState, error) {
+	key, ok := l.KeyFor(r, req)
+	if !ok {
+		return KeyState{}, ErrNotApplicable
+	}
+	st := KeyState{Key: key}
+	res, err := l.call(OpPeek, func() (err error) {
+		st.Result, err = l.store.Peek(ctx, r.Check(key, 0))
+		return err
+	})
+	if res != nil {
+		return st, res
+	}
+	if err != nil {
+		return st, err
+	}
+	if l.inspector == nil {
+		st.RawErr = errors.New("the store cannot show raw values")
+		return st, nil
+	}
+	if _, err := l.call(OpRaw, func() error {
+		raw, err := l.inspector.Raw(ctx, key)
+		if err == nil {
+			st.Raw = &raw
+		}
+		return err
+	}); err != nil {
+		st.RawErr = err
+	}
+	return st, nil
+}
+
+// ResetKey deletes req's key under rule r, everywhere: in the store, and in
+// the deny cache of this and (through its announcer) every other instance.
+// It returns the key. The deny cache forgets the key even when the store
+// failed (the reset may have run anyway); the announcement's failure is
+// returned as announceErr, for a log line.
+func (l *Limiter) ResetKey(ctx context.Context, r *Rule, req *Request) (key string, announceErr, err error) {
+	key, ok := l.KeyFor(r, req)
+	if !ok {
+		return "", nil, ErrNotApplicable
+	}
+	_, err = l.call(OpReset, func() error { return l.store.Reset(ctx, r.Check(key, 0)) })
+	if l.deny != nil {
+		announceErr = l.deny.KeyReset(ctx, key)
+	}
+	return key, announceErr, err
+}
+
+// Ping reports whether the shared store answers: at once with the reason
+// while the breaker is open, else by asking it.
+func (l *Limiter) Ping(ctx context.Context) error {
+	if l.breaker != nil {
+		if err := l.breaker.OpenError(); err != nil {
+			return err
+		}
+	}
+	var start time.Time
+	if l.obs != nil {
+		start = time.Now()
+	}
+	err := l.store.Ping(ctx)
+	if l.obs != nil {
+		l.obs.StoreCall(OpPing, time.Since(start), err)
+	}
+	return err
+}
+
+// call runs one admin store call through the breaker and the observer.
+// refused is the breaker's refusal (the call did not run); err is the
+// call's own error.
+func (l *Limiter) call(op StoreOp, f func() error) (refused, err error) {
+	var t Ticket
+	if l.breaker != nil {
+		if t, refused = l.breaker.Allow(); refused != nil {
+			return refused, nil
+		}
+	}
+	start := time.Now()
+	err = f()
+	if l.obs != nil {
+		l.obs.StoreCall(op, time.Since(start), err)
+	}
+	if l.breaker != nil {
+		l.breaker.Done(t, err)
+	}
+	return nil, err
 }

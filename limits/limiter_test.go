@@ -160,14 +160,18 @@ func TestLocalFallbackWhenRedisIsDown(t *testing.T) {
 		t.Fatal("no error from a store that cannot connect")
 	}
 
+	if !d.Undecided || !d.Admitted {
+		t.Fatalf("without a fallback the failure mode (allow) answers: %+v", d)
+	}
+
 	local := NewMemoryStore()
 	defer local.Close()
-	l.SetFallback(local, 2)
+	l = New(Options{Store: rs, Prefix: "rg", Rules: []*Rule{rule}, Fallback: local, LocalShare: 2, FailureMode: FailLocal})
 	now := windowStart(time.Hour) + 1
 	admitted := 0
 	for i := 0; i < 10; i++ {
-		if err := l.DecideAt(context.Background(), req, &d, now); err != nil {
-			t.Fatal(err)
+		if err := l.DecideAt(context.Background(), req, &d, now); err == nil || d.Undecided {
+			t.Fatalf("err %v, undecided %v: want the store error and a local decision", err, d.Undecided)
 		}
 		if !d.Local {
 			t.Fatal("decision not marked local")

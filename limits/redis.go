@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -43,14 +45,18 @@ const (
 // RedisStore decides batches with the multi-rule script (lua/decide.lua):
 // one EVALSHA per request on a single Redis or a Sentinel-managed primary
 // (EVAL when Redis answers NOSCRIPT, e.g. after a restart or failover), one
-// per hash slot in parallel on Redis Cluster. Concurrent decisions share
-// pipelines (coalesce.go) unless that is turned off.
+// per hash slot on Redis Cluster, sent to the slot's primary. Concurrent
+// decisions share pipelines (coalesce.go) unless that is turned off. A
+// decision is never sent twice unless Redis said it did not run it, and
+// one whose caller gave up before the reply came is given back if it
+// committed (lateReply).
 type RedisStore struct {
 	client   RedisClient
 	topology Topology
 	script   *redis.Script
-	// refund undoes the commits of slots that admitted a request another
-	// slot denied (cluster only; lua/refund.lua).
+	// refund undoes commits: those of slots that admitted a request
+	// another slot denied (cluster), and those whose caller gave up before
+	// their reply arrived (lua/refund.lua).
 	refund *redis.Script
 	// name describes the store; Ping refreshes it with what it learnt
 	// (the primaries of a cluster, the current Sentinel primary).
@@ -58,8 +64,36 @@ type RedisStore struct {
 	// master is the Sentinel master name (Sentinel only).
 	master string
 	bg     background
-	// co gathers concurrent script runs into pipelines; nil when off.
-	co *coalescer
+	coOpt  CoalesceOptions
+	// co runs the script runs of a single server (standalone, Sentinel);
+	// nodes those of a cluster, one coalescer per primary.
+	co    *coalescer
+	nodes *clusterNodes
+	late  lateStats
+}
+
+// lateStats counts the calls whose caller gave up before their reply.
+type lateStats struct {
+	// refunded: the reply came, it had committed, and a refund was
+	// started (its outcome is counted with the refunds); clean: the reply
+	// came and had committed nothing (denied, or never sent); unknown: no
+	// reply came within the late grace, so the call may have committed.
+	refunded, clean, unknown atomic.Int64
+}
+
+// LateCounts counts the decisions whose caller gave up before Redis
+// answered them.
+type LateCounts struct {
+	// Refunded had committed and were given back (see Refunds for how
+	// the refunds went); Clean had committed nothing; Unknown never got a
+	// reply within the late grace: they may hold units until their
+	// window or bucket passes (stricter than exact, never looser).
+	Refunded, Clean, Unknown int64
+}
+
+// Late returns the store's late-reply counters.
+func (s *RedisStore) Late() LateCounts {
+	return LateCounts{Refunded: s.late.refunded.Load(), Clean: s.late.clean.Load(), Unknown: s.late.unknown.Load()}
 }
 
 // NewRedisStore returns a store over client; name describes it in logs. A
@@ -84,18 +118,22 @@ func newRedisStore(client RedisClient, topo Topology, name string, co CoalesceOp
 	if err != nil {
 		return nil, err
 	}
-	s := &RedisStore{client: client, topology: topo, script: redis.NewScript(src)}
-	if topo == Cluster {
-		rsrc, err := refundScript()
-		if err != nil {
-			return nil, err
-		}
-		s.refund = redis.NewScript(rsrc)
+	s := &RedisStore{client: client, topology: topo, script: redis.NewScript(src), coOpt: co}
+	rsrc, err := refundScript()
+	if err != nil {
+		return nil, err
 	}
+	s.refund = redis.NewScript(rsrc)
 	s.bg.init()
 	s.name.Store(&name)
-	if !co.Disabled {
-		s.co = newCoalescer(client, s.script, co)
+	newCo := func(p pipeliner) *coalescer { return newCoalescer(s.bg.ctx, p, s.script, co, s.lateReply) }
+	if cc, ok := client.(*redis.ClusterClient); ok && topo == Cluster {
+		s.nodes = newClusterNodes(cc, func(c *redis.Client) *coalescer { return newCo(c) }, BreakerOptions{
+			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure,
+		})
+		s.bg.goRun(s.nodes.run)
+	} else {
+		s.co = newCo(client)
 	}
 	return s, nil
 }
@@ -125,6 +163,9 @@ type RedisOptions struct {
 	Password string
 	// TLS, when not nil, encrypts every connection (servers and sentinels).
 	TLS *tls.Config
+	// Dialer, when set, opens every connection (tests put a fault-injecting
+	// proxy in between with it).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Coalesce says how concurrent decisions share pipelines.
 	Coalesce CoalesceOptions
 }
@@ -177,8 +218,15 @@ func openRedisURL(o RedisOptions) (*RedisStore, error) {
 	if opt.TLSConfig == nil {
 		opt.TLSConfig = o.TLS
 	}
+	if o.Dialer != nil {
+		opt.Dialer = o.Dialer
+	}
 	opt.ContextTimeoutEnabled = true
 	opt.PoolSize = poolSize(opt.PoolSize, o.Coalesce)
+	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
+		o.Coalesce.Pipelines = opt.PoolSize
+	}
+	opt.MaxRetries = noRetries
 	client := redis.NewClient(opt)
 	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr, o.Coalesce)
 	if err != nil {
@@ -194,8 +242,15 @@ func openCluster(co *redis.ClusterOptions, o RedisOptions, name string) (*RedisS
 	if co.TLSConfig == nil {
 		co.TLSConfig = o.TLS
 	}
+	if o.Dialer != nil {
+		co.Dialer = o.Dialer
+	}
 	co.ContextTimeoutEnabled = true
 	co.PoolSize = poolSize(co.PoolSize, o.Coalesce)
+	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
+		o.Coalesce.Pipelines = co.PoolSize
+	}
+	co.MaxRetries = noRetries
 	// Writes go to primaries only: a replica's counter may lag.
 	co.ReadOnly, co.RouteByLatency, co.RouteRandomly = false, false, false
 	if co.DialerRetries == 0 {
@@ -222,8 +277,15 @@ func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error
 	if fo.TLSConfig == nil {
 		fo.TLSConfig = o.TLS
 	}
+	if o.Dialer != nil {
+		fo.Dialer = o.Dialer
+	}
 	fo.ContextTimeoutEnabled = true
 	fo.PoolSize = poolSize(fo.PoolSize, o.Coalesce)
+	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
+		o.Coalesce.Pipelines = fo.PoolSize
+	}
+	fo.MaxRetries = noRetries
 	fo.ReplicaOnly, fo.RouteByLatency, fo.RouteRandomly = false, false, false
 	client := redis.NewFailoverClient(fo)
 	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")), o.Coalesce)
@@ -235,6 +297,14 @@ func openSentinel(fo *redis.FailoverOptions, o RedisOptions) (*RedisStore, error
 	return s, nil
 }
 
+// noRetries turns off go-redis's own resending. A decision is not
+// idempotent: go-redis resends a command whose connection died before the
+// reply (EOF), and a script Redis already ran would then run twice and
+// commit twice. A failed decision is instead decided by the limiter's
+// fallback; the store never sends a decision again unless Redis said it
+// did not run it (NOSCRIPT, MOVED, ASK, TRYAGAIN).
+const noRetries = -1
+
 // poolSize is the connection pool per server: go-redis's default (10 per
 // CPU) or what the URL asked for, but always room for every pipeline plus
 // the other users of the client (peeks, resets, refunds, overrides), so
@@ -244,7 +314,7 @@ func poolSize(size int, co CoalesceOptions) int {
 		size = 10 * runtime.GOMAXPROCS(0)
 	}
 	if co.Disabled {
-		return size
+		return size // one runner per connection (see withDefaults)
 	}
 	return max(size, co.withDefaults().Pipelines+10)
 }
@@ -297,11 +367,15 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
 }
 
-// Close stops the pipelines and the background refunds (cluster) and
-// closes the client.
+// Close stops the pipelines and the background refunds and closes the
+// clients.
 func (s *RedisStore) Close() error {
+	s.bg.stop()
 	if s.co != nil {
 		s.co.close()
+	}
+	if s.nodes != nil {
+		s.nodes.close()
 	}
 	s.bg.close()
 	return s.client.Close()
@@ -341,15 +415,96 @@ func (s *RedisStore) decideAll(ctx context.Context, b *Batch, results []Result) 
 	return parseDecideReply(reply, results)
 }
 
-// eval runs decide.lua with call's keys and arguments, in a shared
-// pipeline or alone, and disposes of call.
+// eval runs decide.lua with call's keys and arguments, through the
+// pipelines of the server that holds them, and disposes of call.
 func (s *RedisStore) eval(call *scriptCall) (any, error) {
-	if s.co != nil {
+	reply, err, owned := s.run(call)
+	if owned {
+		call.release()
+	}
+	return reply, err
+}
+
+// run sends call to the server that holds its keys and waits for the
+// reply. On a cluster it follows MOVED and ASK and tries TRYAGAIN again,
+// within the call's deadline: those replies say the script did not run.
+// owned is false when the caller gave up and a runner took the call over.
+func (s *RedisStore) run(call *scriptCall) (reply any, err error, owned bool) {
+	if s.nodes == nil {
 		return s.co.do(call)
 	}
-	reply, err := s.script.Run(call.ctx, s.client, call.keys, call.args...).Result()
-	call.release()
-	return reply, err
+	slot := KeySlot(call.keys[0])
+	nd, err := s.nodes.forSlot(call.ctx, slot)
+	for attempt := 0; err == nil; attempt++ {
+		var t Ticket
+		if t, err = nd.gate.Allow(); err != nil {
+			return nil, fmt.Errorf("redis cluster primary %s: %w", nd.addr, err), true
+		}
+		reply, err, owned = nd.co.do(call)
+		if !owned {
+			nd.gate.Done(t, call.ctx.Err())
+			return reply, err, false
+		}
+		if notRun(err) {
+			nd.gate.Done(t, nil) // the primary answers; the slot is elsewhere
+		} else {
+			nd.gate.Done(t, err)
+		}
+		if err == nil || !notRun(err) || attempt >= 4 || call.ctx.Err() != nil {
+			if err != nil && IsStoreFailure(err) {
+				s.nodes.reloadSoon()
+			}
+			return reply, err, true
+		}
+		kind, _, addr, isRedirect := redirect(err)
+		switch {
+		case isRedirect && kind == "ASK":
+			var target *clusterNode
+			if target, err = s.nodes.node(addr); err != nil {
+				return nil, err, true
+			}
+			reply, err = askingEval(call.ctx, target, s.script, call)
+			return reply, err, true
+		case isRedirect:
+			nd, err = s.nodes.moved(slot, addr)
+		default:
+			// TRYAGAIN (a slot mid-migration), CLUSTERDOWN: wait a little.
+			s.nodes.reloadSoon()
+			select {
+			case <-call.ctx.Done():
+				return nil, err, true
+			case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
+			}
+			nd, err = s.nodes.forSlot(call.ctx, slot)
+		}
+		if err == nil {
+			call.rearm()
+		}
+	}
+	return nil, err, true
+}
+
+// lateReply is told about a decide.lua run whose caller gave up before
+// its reply came: the caller was answered without it (failure mode or the
+// local fallback), so whatever it committed is given back.
+func (s *RedisStore) lateReply(call *scriptCall, reply any, err error) {
+	if err != nil {
+		if errors.Is(err, errCoalescerClosed) || notRun(err) || isNoScript(err) {
+			s.late.clean.Add(1)
+			return
+		}
+		// Timed out past the grace, or the connection died: it may have
+		// run. Its units stay consumed until the window passes.
+		s.late.unknown.Add(1)
+		return
+	}
+	j := lateRefundJob(call, reply)
+	if j == nil {
+		s.late.clean.Add(1)
+		return
+	}
+	s.late.refunded.Add(1)
+	s.refundLater(j)
 }
 
 // appendCheckArgs appends decide.lua's six ARGV of one check.
@@ -520,10 +675,39 @@ func (b *background) goRun(fn func(ctx context.Context)) bool {
 	return true
 }
 
+// stop ends the store's context: pipelines in flight give up.
+func (b *background) stop() { b.cancel() }
+
 func (b *background) close() {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
 	b.cancel()
 	b.wg.Wait()
+}
+
+// IsStoreFailure is the failure test a breaker in front of a Redis store
+// uses (BreakerOptions.IsFailure). It reports whether err means the store
+// cannot decide right now: a timeout, a connection error, or a Redis reply
+// saying the server is not usable (LOADING, BUSY, MASTERDOWN, READONLY,
+// OOM, MISCONF, NOAUTH, WRONGPASS, NOPERM, CLUSTERDOWN, TRYAGAIN,
+// NOREPLICAS, max clients). Other Redis replies (a script error, NOSCRIPT,
+// WRONGTYPE) prove the server answers and are not failures; nor is
+// context.Canceled (the caller gave up).
+func IsStoreFailure(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	msg := re.Error()
+	word, _, _ := strings.Cut(msg, " ")
+	switch word {
+	case "LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "MISCONF",
+		"NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS":
+		return true
+	}
+	return strings.HasPrefix(msg, "ERR max number of clients reached")
 }

@@ -1,11 +1,14 @@
 package limits
 
 import (
+	"context"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/internal/testredis"
 )
@@ -89,14 +92,13 @@ func TestSentinel(t *testing.T) {
 		}
 	})
 
-	l := NewLimiter(rs, "rg", failoverRules())
 	local := NewMemoryStore()
 	defer func() {
 		if !closed {
 			local.Close()
 		}
 	}()
-	l.SetFallback(local, 1)
+	l := New(Options{Store: rs, Prefix: "rg", Rules: failoverRules(), Fallback: local, LocalShare: 1, FailureMode: FailLocal})
 	stalls := startStallMeter()
 	ld := startLoad(t, l, 4)
 	time.Sleep(300 * time.Millisecond)
@@ -210,5 +212,28 @@ func TestClusterReadinessNamesTopology(t *testing.T) {
 	_, primaries := slotOwners(t, c)
 	if want := "redis cluster (3 primaries: " + strings.Join(primaries, " ") + ")"; rs.Name() != want {
 		t.Fatalf("Name() = %q, want %q", rs.Name(), want)
+	}
+}
+
+// countHook counts EVAL and EVALSHA commands.
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if name := cmd.Name(); name == "evalsha" || name == "eval" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
 	}
 }

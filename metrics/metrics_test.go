@@ -11,16 +11,15 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/rategate/rategate/handler"
-	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
 )
 
 func parse(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
 	t.Helper()
-	text := string(m.AppendText(nil))
+	var sb strings.Builder
+	m.WritePrometheus(&sb)
+	text := sb.String()
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
@@ -30,16 +29,25 @@ func parse(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
 }
 
 func TestHistogramBuckets(t *testing.T) {
-	h := NewHistogram([]float64{0.001, 0.01})
-	for _, d := range []time.Duration{0, time.Millisecond, time.Millisecond + 1, 10 * time.Millisecond, time.Second, -5} {
-		h.Observe(d)
+	m := New()
+	for _, d := range []time.Duration{0, time.Millisecond, time.Millisecond + 1, 10 * time.Millisecond, time.Second, 5 * time.Second} {
+		m.StoreCall(limits.OpPeek, d, nil)
 	}
-	cum, total, sum := h.snapshot(nil)
-	if fmt.Sprint(cum) != "[3 5 6]" || total != 6 {
-		t.Fatalf("cumulative %v total %d, want [3 5 6] 6 (le is inclusive, negatives count as 0)", cum, total)
+	h := parse(t, m)["rategate_store_duration_seconds"]
+	var got []string
+	for _, s := range h.GetMetric() {
+		if s.GetLabel()[0].GetValue() != "peek" {
+			continue
+		}
+		for _, b := range s.GetHistogram().GetBucket() {
+			if ub := b.GetUpperBound(); ub == 0.001 || ub == 0.01 || ub == 1 {
+				got = append(got, fmt.Sprintf("le=%g:%d", ub, b.GetCumulativeCount()))
+			}
+		}
+		got = append(got, fmt.Sprintf("count=%d", s.GetHistogram().GetSampleCount()))
 	}
-	if want := 0.001 + 0.001000001 + 0.01 + 1; sum < want-1e-9 || sum > want+1e-9 {
-		t.Fatalf("sum %v, want %v", sum, want)
+	if strings.Join(got, " ") != "le=0.001:2 le=0.01:4 le=1:5 count=6" {
+		t.Fatalf("buckets %v: le is inclusive and the last sample is above every bound", got)
 	}
 }
 
@@ -51,10 +59,12 @@ func TestExposition(t *testing.T) {
 	login := &limits.Rule{Name: "login"}
 	sh := &limits.Rule{Name: "sh", Shadow: true}
 	m.Decided(&limits.Decision{Admitted: true, Verdicts: []limits.Verdict{{Rule: login, Result: limits.Result{Allowed: true}}, {Rule: sh}}}, 30*time.Microsecond)
-	m.Decided(&limits.Decision{Admitted: false, Verdicts: []limits.Verdict{{Rule: login}}, Local: true}, 2*time.Millisecond)
+	m.Decided(&limits.Decision{Admitted: false, Verdicts: []limits.Verdict{{Rule: login}}, Local: true, Fallback: limits.FallbackCallFailed}, 2*time.Millisecond)
 	m.Decided(&limits.Decision{Admitted: true}, time.Microsecond)
-	m.BadRequest(handler.BadCost, time.Microsecond)
-	m.Undecided(handler.FailDeny, &limits.Decision{Verdicts: []limits.Verdict{{Rule: login}, {Rule: sh}}}, time.Microsecond)
+	m.Rejected(limits.RejectCost, time.Microsecond)
+	m.Decided(&limits.Decision{Undecided: true, Mode: limits.FailDeny, Verdicts: []limits.Verdict{{Rule: login}, {Rule: sh}}}, time.Microsecond)
+	m.StoreCall(limits.OpDecide, time.Millisecond, context.DeadlineExceeded)
+	m.StoreCall(limits.OpDecide, time.Millisecond, errors.New("boom"))
 	m.Reloaded(true)
 	m.Reloaded(false)
 	m.AddGaugeFunc("rategate_test_gauge", "A gauge read at scrape time.", func() float64 { return 2.5 })
@@ -114,6 +124,12 @@ func TestExposition(t *testing.T) {
 		{"rategate_failure_mode_decisions_total", []string{"mode", "local"}, 1},
 		{"rategate_failure_mode_decisions_total", []string{"mode", "deny"}, 1},
 		{"rategate_failure_mode_decisions_total", []string{"mode", "allow"}, 0},
+		{"rategate_local_decisions_total", []string{"reason", "call_failed"}, 1},
+		{"rategate_local_decisions_total", []string{"reason", "store_down"}, 0},
+		{"rategate_store_errors_total", []string{"op", "decide", "kind", "timeout"}, 1},
+		{"rategate_store_errors_total", []string{"op", "decide", "kind", "other"}, 1},
+		{"rategate_store_errors_total", []string{"op", "peek", "kind", "other"}, 0},
+		{"rategate_store_duration_seconds", []string{"op", "decide"}, 2},
 		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "local"}, 1},
 		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "deny"}, 1},
 		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "sh", "mode", "deny"}, 1},
@@ -170,8 +186,8 @@ func TestRuleSeriesBounded(t *testing.T) {
 		m.Decided(&limits.Decision{Admitted: true, Verdicts: []limits.Verdict{{Rule: r, Result: limits.Result{Allowed: true}}}}, 0)
 	}
 	names, _ := m.ruleNames()
-	if len(names) != MaxRuleSeries || m.other.allowed.Load() != 50 {
-		t.Fatalf("%d rule series, %d in %s; want %d and 50", len(names), m.other.allowed.Load(), OtherRule, MaxRuleSeries)
+	if len(names) != MaxRuleSeries || m.other.Load().allowed.Get() != 50 {
+		t.Fatalf("%d rule series, %d in %s; want %d and 50", len(names), m.other.Load().allowed.Get(), OtherRule, MaxRuleSeries)
 	}
 	fams := parse(t, m)
 	if n := len(fams["rategate_decisions_total"].GetMetric()); n != 3*(MaxRuleSeries+1) {
@@ -179,120 +195,68 @@ func TestRuleSeriesBounded(t *testing.T) {
 	}
 }
 
-// TestErrorKinds classifies errors from a real Redis, a real closed port
-// and a real cluster-mode Redis without slots.
-func TestErrorKinds(t *testing.T) {
-	rs := testredis.Start(t)
-	c := rs.Client(t)
-	ctx := testredis.Ctx(t)
-
-	_, scriptErr := c.Eval(ctx, "return redis.error_reply('ERR boom')", nil).Result()
-	_, noScript := c.EvalSha(ctx, strings.Repeat("0", 40), nil).Result()
-	_, runtimeErr := c.Eval(ctx, "return redis.call('INCR', KEYS[1], 'x')", []string{"k"}).Result()
-
-	if err := c.Do(ctx, "CLIENT", "PAUSE", "400").Err(); err != nil {
-		t.Fatal(err)
-	}
-	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, timeoutErr := c.Get(tctx, "k").Result()
-	cancel()
-
-	closed := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", testredis.FreePort(t)), DialerRetries: 1})
-	defer closed.Close()
-	refused := closed.Ping(ctx).Err()
-
-	cl := testredis.Start(t, "cluster-enabled yes")
-	_, clusterDown := cl.Client(t).Get(ctx, "k").Result()
-
-	for _, c := range []struct {
-		err  error
-		want string
-	}{
-		{scriptErr, KindScript},
-		{noScript, KindScript},
-		{runtimeErr, KindScript},
-		{fmt.Errorf("redis store: decide: %w", scriptErr), KindScript},
-		{errors.New("redis store: reply is string, want array"), KindScript},
-		{timeoutErr, KindTimeout},
-		{context.DeadlineExceeded, KindTimeout},
-		{refused, KindConnection},
-		{redis.ErrClosed, KindConnection},
-		{clusterDown, KindCluster},
-		{redis.ErrCrossSlot, KindCluster},
-		{context.Canceled, KindOther},
-	} {
-		if c.err == nil {
-			t.Fatalf("expected an error for kind %s", c.want)
-		}
-		if got := ErrorKind(c.err); got != c.want {
-			t.Errorf("ErrorKind(%v) = %s, want %s", c.err, got, c.want)
-		}
-	}
-}
-
-// TestInstrumentStore: calls are timed and errors counted by op and kind,
-// the optional Inspector survives the wrapper, Unwrap finds the store.
-func TestInstrumentStore(t *testing.T) {
+// TestRedisGauges: the rategate_redis_* gauges appear with the first INFO
+// and keep the last known values when Redis stops answering.
+func TestRedisGauges(t *testing.T) {
 	m := New()
-	mem := limits.NewMemoryStore()
-	defer mem.Close()
-	s := InstrumentStore(mem, m)
-	if _, ok := s.(limits.Inspector); !ok {
-		t.Fatal("the wrapper hides the memory store's Inspector")
+	if _, ok := parse(t, m)["rategate_redis_up"]; ok {
+		t.Fatal("redis gauges exported before any INFO")
 	}
-	if Unwrap(s) != limits.Store(mem) {
-		t.Fatal("Unwrap does not return the memory store")
-	}
-	ctx := context.Background()
-	res := make([]limits.Result, 1)
-	b := &limits.Batch{Checks: []limits.Check{{Key: "k", Algorithm: limits.FixedWindow, Limit: 1, PeriodUS: 1e6, Burst: 1, Cost: 1}}}
-	if _, err := s.Decide(ctx, b, res); err != nil {
-		t.Fatal(err)
-	}
-	b.Checks[0].Algorithm = "nope"
-	if _, err := s.Decide(ctx, b, res); err == nil {
-		t.Fatal("want an error for an unknown algorithm")
-	}
-	s.Peek(ctx, limits.Check{Key: "k", Algorithm: limits.FixedWindow, Limit: 1, PeriodUS: 1e6, Burst: 1})
-	s.(limits.Inspector).Raw(ctx, "k")
-	if m.storeDur[opDecide].Count() != 2 || m.storeDur[opPeek].Count() != 1 || m.storeDur[opRaw].Count() != 1 {
-		t.Fatal("store calls not timed")
-	}
-	if m.storeErrors[opDecide][kindOther].Load() != 1 {
-		t.Fatal("store error not counted")
-	}
-}
-
-// TestRedisInfo reads INFO from a real Redis.
-func TestRedisInfo(t *testing.T) {
-	rs := testredis.Start(t, "maxmemory 10mb")
-	c := rs.Client(t)
-	info, err := ReadRedisInfo(testredis.Ctx(t), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !info.Up || info.UsedMemory <= 0 || info.ConnectedClients < 1 || info.MaxMemory != 10<<20 {
-		t.Fatalf("info %+v", info)
-	}
-	m := New()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { m.PollRedis(ctx, c, 50*time.Millisecond, time.Second); close(done) }()
-	deadline := time.Now().Add(3 * time.Second)
-	for m.redis.Load() == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	rs.Stop()
-	for m.redis.Load().Up && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	<-done
+	m.SetRedisInfo(RedisInfo{Up: true, MaxMemory: 10 << 20, EvictedKeys: 3})
+	m.RedisDown()
 	fams := parse(t, m)
 	if v := fams["rategate_redis_up"].GetMetric()[0].GetGauge().GetValue(); v != 0 {
 		t.Fatalf("rategate_redis_up %v after Redis stopped, want 0", v)
 	}
 	if v := fams["rategate_redis_maxmemory_bytes"].GetMetric()[0].GetGauge().GetValue(); v != 10<<20 {
 		t.Fatalf("maxmemory %v, want the last known value", v)
+	}
+	if v := fams["rategate_redis_evicted_keys_total"].GetMetric()[0].GetCounter().GetValue(); v != 3 {
+		t.Fatalf("evicted %v, want 3", v)
+	}
+}
+
+// TestRuleGaugesFollowTheRules: a rule removed by a reload loses its
+// gauges (rategate_rules and rategate_rule_* describe what is in force) and
+// keeps its counters (they must not go backwards).
+func TestRuleGaugesFollowTheRules(t *testing.T) {
+	m := New()
+	m.SetRules([]RuleInfo{{Name: "a", Limit: 1, Period: time.Second, Burst: 1}, {Name: "b", Limit: 2, Period: time.Second, Burst: 2}})
+	m.SetRules([]RuleInfo{{Name: "b", Limit: 3, Period: time.Second, Burst: 3}})
+	fams := parse(t, m)
+	if n := len(fams["rategate_rule_limit"].GetMetric()); n != 1 {
+		t.Fatalf("%d rategate_rule_limit series after a reload to one rule", n)
+	}
+	if v := fams["rategate_rule_limit"].GetMetric()[0].GetGauge().GetValue(); v != 3 {
+		t.Fatalf("limit %v, want 3", v)
+	}
+	found := false
+	for _, s := range fams["rategate_decisions_total"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			found = found || l.GetName() == "rule" && l.GetValue() == "a"
+		}
+	}
+	if !found {
+		t.Fatal("the removed rule's counters are gone")
+	}
+}
+
+// TestCounterFuncs: a labelled family read at scrape time has one TYPE line
+// and one sample per label value, and parses.
+func TestCounterFuncs(t *testing.T) {
+	m := New()
+	m.AddCounterFuncs("rategate_test_things_total", "kind", func() []LabeledValue {
+		return []LabeledValue{{Label: "a", Value: 1}, {Label: "b", Value: 2.5}}
+	})
+	fams := parse(t, m)
+	f := fams["rategate_test_things_total"]
+	if f.GetType() != dto.MetricType_COUNTER || len(f.GetMetric()) != 2 {
+		t.Fatalf("family %v", f)
+	}
+	for _, s := range f.GetMetric() {
+		want := map[string]float64{"a": 1, "b": 2.5}[s.GetLabel()[0].GetValue()]
+		if s.GetCounter().GetValue() != want {
+			t.Errorf("%v = %v, want %v", s.GetLabel(), s.GetCounter().GetValue(), want)
+		}
 	}
 }

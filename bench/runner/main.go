@@ -2,16 +2,20 @@
 // builds it and the binaries it needs, then runs it).
 //
 // It starts, on free loopback ports: redis-server; rategate with
-// bench/policy.yaml and that Redis; the floor server (bench/floor, a
-// do-nothing fasthttp server answering 204) twice, once as the floor's auth
-// service and once as the application; and two copies of the shipped
-// nginx/nginx.conf with one worker process, one asking rategate and one
-// asking the floor server, both proxying allowed requests to the same
-// application. For each scenario it alternates wrk runs against the floor
-// and against rategate (floor, rategate, floor, rategate, ...), reads the
-// CPU time of every process from /proc, Redis's INFO commandstats, and
-// prints the medians and their ratios. It writes everything as JSON to
-// bench/results/<time>.json and the table to bench/results/latest.md.
+// bench/policy.yaml and that Redis (and more rategates: deny_status 403 for
+// attack-quiet, bench/policy-hotkey.yaml for hot-key, its lease variant with
+// BENCH_LEASE=1); bench/minimal, the minimal limiter rategate is compared
+// with, twice (the vs-minimal rule and the hot-key rule); the floor server
+// (bench/floor, a do-nothing fasthttp server answering 204) twice, once as
+// the floor's auth service and once as the application; and copies of the
+// shipped nginx/nginx.conf with one worker process, asking rategate, the
+// floor server or bench/minimal, all proxying allowed requests to the same
+// application. For each scenario it alternates runs of its arms (floor,
+// rategate, minimal, ...), reads the CPU time of every process from /proc
+// and Redis's INFO commandstats (reset with CONFIG RESETSTAT before each
+// run), and prints the medians, their paired ratios and the targets. It
+// writes everything as JSON to bench/results/<time>.json and the tables to
+// bench/results/latest.md.
 //
 // Environment knobs: BENCH_DURATION (per run, default 3s), BENCH_ROUNDS
 // (alternations, default 4), BENCH_CONNECTIONS (default 50), BENCH_THREADS
@@ -20,7 +24,7 @@
 // latency check's rate), BENCH_NGINX_KEEPALIVE (an experiment: the
 // upstreams' keepalive instead of the shipped one), BENCH_PPROF=1 (CPU
 // profiles of rategate's first run of each scenario, in
-// bench/results/profiles-<time>/).
+// bench/results/profiles-<time>/), BENCH_LEASE=1 (hot-key's lease arm).
 package main
 
 import (
@@ -38,7 +42,7 @@ import (
 	"time"
 )
 
-// scenario is one workload, run against the floor and against rategate.
+// scenario is one workload, run against each of its arms in turn.
 type scenario struct {
 	Name        string `json:"name"`
 	Description string `json:"description"`
@@ -52,10 +56,60 @@ type scenario struct {
 	// Quiet runs through nginx/nginx-quiet.conf, with rategate on
 	// deny_status 403.
 	Quiet bool `json:"quiet,omitempty"`
+	// Arms are the auth services a round runs, in this order; nil means
+	// floor, rategate. The first is the floor the others are divided by.
+	Arms []arm `json:"arms,omitempty"`
+	// Ceiling adds, to each round, redis-benchmark running rategate's
+	// script on one key (Redis's own single-key ceiling; hot-key).
+	Ceiling bool `json:"ceiling,omitempty"`
+}
+
+// arm is one side of a scenario.
+type arm struct {
+	// Name is what the results call it: floor, rategate, minimal,
+	// rategate-1rule, rategate-lease.
+	Name string `json:"name"`
+	// Auth is the process asked: floor, rategate, rategate-hot,
+	// rategate-lease, minimal, minimal-hot (stack.target).
+	Auth string `json:"auth"`
+	// Prefix, when set, replaces the scenario's.
+	Prefix string `json:"prefix,omitempty"`
+	// Lease arms run only with BENCH_LEASE=1.
+	Lease bool `json:"lease,omitempty"`
+}
+
+var (
+	floorArm    = arm{Name: "floor", Auth: "floor"}
+	rategateArm = arm{Name: "rategate", Auth: "rategate"}
+	minimalArm  = arm{Name: "minimal", Auth: "minimal"}
+	defaultArms = []arm{floorArm, rategateArm}
+)
+
+// arms returns the arms the scenario runs with these settings.
+func (sc scenario) arms(lease bool) []arm {
+	if sc.Arms == nil {
+		return defaultArms
+	}
+	var a []arm
+	for _, x := range sc.Arms {
+		if !x.Lease || lease {
+			a = append(a, x)
+		}
+	}
+	return a
+}
+
+// prefix is the path prefix an arm's requests use.
+func (sc scenario) prefix(a arm) string {
+	if a.Prefix != "" {
+		return a.Prefix
+	}
+	return sc.Prefix
 }
 
 // scenarios are the workloads, in order. The rules each prefix hits are in
-// bench/policy.yaml. "latency" (the fixed-rate check) runs after them.
+// bench/policy.yaml (hot-key: bench/policy-hotkey.yaml). "latency" (the
+// fixed-rate check) runs after them.
 var scenarios = []scenario{
 	{Name: "mostly-allowed", Via: "nginx", Prefix: "/api/", Target: 0.8,
 		Description: "10k users, random user per request, one fixed_window rule per user, all allowed; through NGINX"},
@@ -75,6 +129,18 @@ var scenarios = []scenario{
 		Description: "one gcra rule per user; through NGINX"},
 	{Name: "token_bucket", Via: "nginx", Prefix: "/algo/token-bucket/",
 		Description: "one token_bucket rule per user; through NGINX"},
+	{Name: "vs-minimal", Via: "nginx", Prefix: "/sw/", Target: 0.8, Arms: []arm{floorArm, rategateArm, minimalArm},
+		Description: "sliding_window 1000/min per user, 10k users, all allowed, through NGINX: the floor, rategate, and bench/minimal on the same rule"},
+	{Name: "vs-minimal-direct", Via: "direct", Prefix: "/sw/", Target: 0.65, Arms: []arm{floorArm, rategateArm, minimalArm},
+		Description: "the same straight to /auth"},
+	{Name: "vs-minimal-multi", Via: "direct", Prefix: "/swm/",
+		Arms:        []arm{floorArm, rategateArm, {Name: "rategate-1rule", Auth: "rategate", Prefix: "/sw/"}},
+		Description: "the same load straight to /auth, rategate deciding three sliding_window rules (user + route + global) in one script; rategate-1rule: the user rule alone"},
+	{Name: "hot-key", Via: "direct", Prefix: "/hot/", Ceiling: true,
+		Arms: []arm{floorArm, {Name: "rategate", Auth: "rategate-hot"}, {Name: "rategate-lease", Auth: "rategate-lease", Lease: true},
+			{Name: "minimal", Auth: "minimal-hot"}},
+		Description: "every request on one global fixed_window key (a huge limit, all allowed; bench/policy-hotkey.yaml), straight to /auth; " +
+			"rategate-lease (BENCH_LEASE=1) is the same rule with lease: true; ceiling: redis-benchmark EVALSHA of rategate's script on one key"},
 }
 
 // latencyScenario is the fixed-rate check's name in BENCH_SCENARIOS and the results.
@@ -95,6 +161,9 @@ type settings struct {
 	// Pprof (BENCH_PPROF=1) runs rategate with -pprof and saves a CPU
 	// profile of its first run of each scenario next to the results.
 	Pprof bool `json:"pprof,omitempty"`
+	// Lease (BENCH_LEASE=1) adds hot-key's rategate-lease arm: the hot-key
+	// rule with lease: true, which rategate rejects until it knows it.
+	Lease bool `json:"lease,omitempty"`
 }
 
 func loadSettings(getenv func(string) string) (settings, error) {
@@ -122,12 +191,17 @@ func loadSettings(getenv func(string) string) (settings, error) {
 			*e.dst = n
 		}
 	}
-	switch getenv("BENCH_PPROF") {
-	case "", "0":
-	case "1":
-		s.Pprof = true
-	default:
-		errs = append(errs, fmt.Errorf("BENCH_PPROF=%q: want 1 or nothing", getenv("BENCH_PPROF")))
+	for _, b := range []struct {
+		env string
+		dst *bool
+	}{{"BENCH_PPROF", &s.Pprof}, {"BENCH_LEASE", &s.Lease}} {
+		switch getenv(b.env) {
+		case "", "0":
+		case "1":
+			*b.dst = true
+		default:
+			errs = append(errs, fmt.Errorf("%s=%q: want 1 or nothing", b.env, getenv(b.env)))
+		}
 	}
 	if s.Threads > s.Connections {
 		errs = append(errs, fmt.Errorf("BENCH_THREADS (%d) must not exceed BENCH_CONNECTIONS (%d)", s.Threads, s.Connections))
@@ -224,9 +298,9 @@ func run(ctx context.Context, cfg settings, work, bin, repo, resultsDir string) 
 	ps := &procSet{pidFile: filepath.Join(work, "pids")}
 	defer ps.stopAll()
 	if cfg.NginxKeepalive > 0 {
-		fmt.Printf("EXPERIMENT: both NGINX copies keep %d idle connections per upstream (BENCH_NGINX_KEEPALIVE), not the shipped 32/16\n", cfg.NginxKeepalive)
+		fmt.Printf("EXPERIMENT: the NGINX copies keep %d idle connections per upstream (BENCH_NGINX_KEEPALIVE), not the shipped 32/16\n", cfg.NginxKeepalive)
 	}
-	st, err := startStack(ctx, ps, work, bin, repo, cfg.NginxKeepalive, cfg.Pprof)
+	st, err := startStack(ctx, ps, work, bin, repo, stackOptions{keepalive: cfg.NginxKeepalive, pprof: cfg.Pprof, lease: cfg.Lease})
 	if err != nil {
 		return err
 	}
@@ -235,14 +309,17 @@ func run(ctx context.Context, cfg settings, work, bin, repo, resultsDir string) 
 	res.Stack = st.describe()
 	fmt.Println(res.Stack.Summary)
 
-	// Warm up both paths (connections, EVALSHA's script cache, the Go heap).
-	fmt.Println("warming up (1 s per path, not measured)")
-	for _, tg := range []target{st.target("floor", "nginx", false), st.target("rategate", "nginx", false),
-		st.target("rategate", "direct", false), st.target("rategate", "nginx", true)} {
-		mode := tg.via
-		args := wrkArgs(cfg.Threads, cfg.Connections, time.Second, st.script, tg.url, mode, "/api/", cfg.Users)
+	// Warm up every path the chosen scenarios use (connections, EVALSHA's
+	// script cache, the Go heap).
+	warm, err := warmUps(st, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("warming up (1 s per path, %d paths, not measured)\n", len(warm))
+	for _, w := range warm {
+		args := wrkArgs(cfg.Threads, cfg.Connections, time.Second, st.script, w.url, w.via, w.prefix, w.users)
 		if _, err := runCmd(ctx, "wrk", args...); err != nil {
-			return fmt.Errorf("warm-up against %s: %w", tg.url, err)
+			return fmt.Errorf("warm-up against %s: %w", w.url, err)
 		}
 	}
 
@@ -277,6 +354,52 @@ func run(ctx context.Context, cfg settings, work, bin, repo, resultsDir string) 
 	fmt.Println()
 	fmt.Print(res.text())
 	return res.write(resultsDir)
+}
+
+// warmUp is one path to warm up.
+type warmUp struct {
+	url, via, prefix string
+	users            int
+}
+
+// warmUps lists, once each, the paths the chosen scenarios and the latency
+// check will load.
+func warmUps(st *stack, cfg settings) ([]warmUp, error) {
+	var out []warmUp
+	seen := map[warmUp]bool{}
+	add := func(sc scenario, a arm) error {
+		tg, err := st.target(a, sc.Via, sc.Quiet)
+		if err != nil {
+			return err
+		}
+		w := warmUp{url: tg.url, via: sc.Via, prefix: sc.prefix(a), users: cfg.Users}
+		if sc.Users > 0 {
+			w.users = sc.Users
+		}
+		if !seen[w] {
+			seen[w] = true
+			out = append(out, w)
+		}
+		return nil
+	}
+	for _, sc := range scenarios {
+		if !cfg.wants(sc.Name) {
+			continue
+		}
+		for _, a := range sc.arms(cfg.Lease) {
+			if err := add(sc, a); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if cfg.wants(latencyScenario) {
+		for _, a := range defaultArms {
+			if err := add(scenario{Via: "nginx", Prefix: "/api/"}, a); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
 }
 
 // renderFile prints a saved run's summary and Markdown table again.

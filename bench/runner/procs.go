@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rategate/rategate/internal/procs"
 )
 
 // procSet starts the benchmark's servers, each in its own process group,
@@ -29,42 +31,22 @@ type procSet struct {
 // proc is one started server.
 type proc struct {
 	name string
-	cmd  *exec.Cmd
 	log  string
-	done chan struct{}
+	*procs.Process
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
+func (p *proc) pid() int     { return p.Pid() }
+func (p *proc) exited() bool { return p.Exited() }
 
-// exited reports whether the process has ended.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// start runs bin with args, output to logPath, in a new process group.
+// start runs bin with args, output to logPath, in a new process group
+// (internal/procs, as the tests start rategate).
 func (s *procSet) start(name, logPath, bin string, args ...string) (*proc, error) {
-	logf, err := os.Create(logPath)
+	_ = os.Remove(logPath) // a fresh log per run
+	pr, err := procs.Start(name, logPath, bin, args, nil)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(p.done)
-	}()
+	p := &proc{name: name, log: logPath, Process: pr}
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.writePIDs()
@@ -87,14 +69,14 @@ func (s *procSet) stopAll() {
 	deadline := time.After(5 * time.Second)
 	for _, p := range procs {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-deadline:
 		}
 	}
 	for _, p := range procs {
 		if !p.exited() {
 			_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
-			<-p.done
+			<-p.Done()
 		}
 	}
 	s.mu.Lock()

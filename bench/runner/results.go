@@ -43,6 +43,7 @@ type stackInfo struct {
 	Summary string `json:"summary"`
 	App     string `json:"app"`
 	NGINX   string `json:"nginx"`
+	Minimal string `json:"minimal,omitempty"`
 }
 
 // logInfo counts problem lines in the servers' logs after the run.
@@ -51,6 +52,10 @@ type logInfo struct {
 	NginxRategateErrorLines  int `json:"nginx_rategate_error_log_lines"`
 	NginxRategateDenialLines int `json:"nginx_rategate_429_lines"`
 	NginxFloorErrorLines     int `json:"nginx_floor_error_log_lines"`
+	// NginxMinimalErrorLines: the copy asking bench/minimal; MinimalLines:
+	// what bench/minimal itself wrote (only errors).
+	NginxMinimalErrorLines int `json:"nginx_minimal_error_log_lines"`
+	MinimalLines           int `json:"minimal_log_lines"`
 	// NginxQuietErrorLines counts both quiet copies' error.log lines.
 	NginxQuietErrorLines int `json:"nginx_quiet_error_log_lines"`
 	// Samples are the first few lines of each kind that is not expected
@@ -60,9 +65,12 @@ type logInfo struct {
 
 // sample is one run against one target.
 type sample struct {
+	// Target is the arm: floor, rategate, minimal, ..., or ceiling
+	// (redis-benchmark).
 	Target string `json:"target"`
 	// NginxProc and AuthProc name the processes in CPU that served the run
-	// ("nginx-rategate", "rategate"; "nginx-floor-quiet", "floor", ...).
+	// ("nginx-rategate", "rategate"; "nginx-floor-quiet", "floor";
+	// "minimal-hot"; "none" for the ceiling).
 	NginxProc string  `json:"nginx_proc,omitempty"`
 	AuthProc  string  `json:"auth_proc"`
 	Round     int     `json:"round"`
@@ -70,35 +78,92 @@ type sample struct {
 	wrkResult
 	P999MS    float64 `json:"p999_ms,omitempty"`
 	LateSends int64   `json:"late_sends,omitempty"`
-	// CPU is CPU seconds during the run per process: redis-server,
-	// rategate, floor, app, nginx-rategate, nginx-floor (master and
-	// worker), load (wrk or openloop) and other (the rest of the machine).
+	// CPU is CPU seconds during the run per process (from
+	// /proc/<pid>/stat): redis-server, rategate..., minimal..., floor,
+	// app, nginx-... (master and worker), load (wrk, openloop or
+	// redis-benchmark) and other (the rest of the machine).
 	CPU map[string]float64 `json:"cpu_s"`
-	// RedisCalls is INFO commandstats' calls delta per command. Redis
-	// counts the commands a script runs too: RedisPerRequest is every
-	// command Redis executed per request, EvalshaPerRequest the round
-	// trips (EVALSHA and EVAL) per request.
-	RedisCalls        map[string]int64 `json:"redis_calls"`
-	RedisPerRequest   float64          `json:"redis_commands_per_request"`
-	EvalshaPerRequest float64          `json:"evalsha_per_request"`
+	// RedisCalls and RedisUSec are INFO commandstats' calls and
+	// microseconds per command during the run (CONFIG RESETSTAT just
+	// before; the runner's own INFO and RESETSTAT left out). Redis counts
+	// the commands a script runs too, under their own names, and a
+	// script's time includes theirs.
+	RedisCalls map[string]int64 `json:"redis_calls"`
+	RedisUSec  map[string]int64 `json:"redis_usec,omitempty"`
+	// RedisFailed counts calls that failed (a script error, NOSCRIPT...).
+	RedisFailed int64 `json:"redis_failed_calls,omitempty"`
+	// RedisPerRequest is every command Redis executed per request,
+	// EvalshaPerRequest the script calls (EVALSHA, EVAL, FCALL) per request.
+	RedisPerRequest   float64 `json:"redis_commands_per_request"`
+	EvalshaPerRequest float64 `json:"evalsha_per_request"`
+	// RedisScriptUSPerRequest is the time Redis spent in script calls per
+	// request; RedisCommandUSPerRequest the part of it in the commands the
+	// scripts ran (every other command, housekeeping left out).
+	RedisScriptUSPerRequest  float64 `json:"redis_script_us_per_request"`
+	RedisCommandUSPerRequest float64 `json:"redis_script_commands_us_per_request"`
 	// RedisReadsPerRequest is Redis's network reads per request: below
 	// the EVALSHAs per request when decisions share pipelines.
 	RedisReadsPerRequest float64 `json:"redis_reads_per_request"`
-	// Undecided is how many requests rategate answered by failure_mode
-	// during the run (Redis slower than redis.timeout, or the breaker open).
+	// Undecided is how many requests the auth service answered without a
+	// decision during the run (rategate's failure_mode, the minimal
+	// limiter's fail-open): Redis slower than the deadline, or failing.
 	Undecided int64 `json:"undecided,omitempty"`
 	// AuthAccepts and AppAccepts are the connections the auth service
-	// (rategate or the floor) and the app accepted during the run: with
-	// every connection kept alive, only the first ones. -1: not measured
-	// (needs perf).
+	// and the app accepted during the run: with every connection kept
+	// alive, only the first ones. -1: not measured (needs perf).
 	AuthAccepts int64   `json:"auth_accepts"`
 	AppAccepts  int64   `json:"app_accepts"`
 	Load1       float64 `json:"load1_after"`
 }
 
+// The commands setRedis sorts.
+var (
+	// benchOwn are the runner's own, around each run.
+	benchOwn = map[string]bool{"info": true, "config|resetstat": true}
+	// scriptCalls run a script.
+	scriptCalls = map[string]bool{"evalsha": true, "eval": true, "evalsha_ro": true, "eval_ro": true, "fcall": true, "fcall_ro": true}
+	// housekeeping is what clients send besides decisions.
+	housekeeping = map[string]bool{"ping": true, "hello": true, "select": true, "client|setinfo": true, "client|setname": true,
+		"script|load": true, "script|exists": true, "subscribe": true, "psubscribe": true, "ssubscribe": true, "publish": true, "command|docs": true}
+)
+
+// setRedis fills the Redis fields from INFO after the run, per request.
+func (s *sample) setRedis(rs redisStats) {
+	s.RedisCalls, s.RedisUSec, s.RedisFailed = map[string]int64{}, map[string]int64{}, 0
+	var calls, scripts, scriptUS, commandUS int64
+	for k, n := range rs.Calls {
+		if benchOwn[k] {
+			continue
+		}
+		u := rs.USec[k]
+		s.RedisCalls[k], s.RedisUSec[k] = n, u
+		calls += n
+		switch {
+		case scriptCalls[k]:
+			scripts += n
+			scriptUS += u
+		case !housekeeping[k]:
+			commandUS += u
+		}
+	}
+	for k, n := range rs.Failed {
+		if !benchOwn[k] {
+			s.RedisFailed += n
+		}
+	}
+	if s.Requests > 0 {
+		d := float64(s.Requests)
+		s.RedisPerRequest, s.EvalshaPerRequest = float64(calls)/d, float64(scripts)/d
+		s.RedisScriptUSPerRequest, s.RedisCommandUSPerRequest = float64(scriptUS)/d, float64(commandUS)/d
+		// The INFO that read these is one of the reads.
+		s.RedisReadsPerRequest = float64(max(rs.Reads-1, 0)) / d
+	}
+}
+
 // roles maps a sample's CPU onto the roles of its target: the NGINX in
-// use, the auth service in use (rategate or floor), app, redis, load, and
-// other (the rest of the machine, including the idle side of the stack).
+// use, the auth service in use (rategate, minimal or floor), app, redis,
+// load, and other (the rest of the machine, including the idle side of
+// the stack).
 func (s *sample) roles() map[string]float64 {
 	ngx, auth := s.NginxProc, s.AuthProc
 	if auth == "" { // results written before these fields existed
@@ -127,21 +192,26 @@ func (s *sample) stackCPU() float64 {
 	return r["nginx"] + r["auth"] + r["app"] + r["redis"]
 }
 
-func (s *sample) line() string {
-	r := s.roles()
-	den := ""
-	if s.Non2xx > 0 {
-		den = fmt.Sprintf("  non-2xx %.1f%%", 100*float64(s.Non2xx)/float64(s.Requests))
+// perDecision is the CPU µs a role spent per request of the run (every
+// request is one decision); role "stack" is stackCPU.
+func (s *sample) perDecision(role string) float64 {
+	if s.Requests == 0 {
+		return 0
 	}
-	if s.SocketErrors > 0 {
-		den += fmt.Sprintf("  socket errors %d", s.SocketErrors)
+	cpu := s.roles()[role]
+	if role == "stack" {
+		cpu = s.stackCPU()
 	}
-	if s.Undecided > 0 {
-		den += fmt.Sprintf("  UNDECIDED (failure_mode) %d", s.Undecided)
+	return cpu * 1e6 / float64(s.Requests)
+}
+
+// costPerRequest is the CPU per request of the stack and the load
+// generator together, the cost ratio's terms.
+func (s *sample) costPerRequest() float64 {
+	if s.Requests == 0 {
+		return 0
 	}
-	return fmt.Sprintf("round %d %-8s %7.0f req/s  p50 %5.2f ms  p99 %6.2f ms  cores: nginx %.2f %s %.2f redis %.2f app %.2f load %.2f other %.2f  evalsha/req %.2f%s",
-		s.Round, s.Target, s.RPS, s.P50MS, s.P99MS, r["nginx"]/s.WallS, s.Target, r["auth"]/s.WallS, r["redis"]/s.WallS,
-		r["app"]/s.WallS, r["load"]/s.WallS, r["other"]/s.WallS, s.EvalshaPerRequest, den)
+	return (s.stackCPU() + s.roles()["load"]) / float64(s.Requests)
 }
 
 // summary is the median over a target's rounds of each figure.
@@ -159,6 +229,10 @@ type summary struct {
 	USPerRequest      map[string]float64 `json:"cpu_us_per_request"`
 	RedisPerRequest   float64            `json:"redis_commands_per_request"`
 	EvalshaPerRequest float64            `json:"evalsha_per_request"`
+	// RedisScriptUSPerRequest and RedisCommandUSPerRequest: Redis's time
+	// in scripts per request, and in the commands they ran.
+	RedisScriptUSPerRequest  float64 `json:"redis_script_us_per_request"`
+	RedisCommandUSPerRequest float64 `json:"redis_script_commands_us_per_request"`
 	// RedisReadsPerRequest: Redis's network reads per request.
 	RedisReadsPerRequest float64 `json:"redis_reads_per_request"`
 	Non2xxShare          float64 `json:"non_2xx_share"`
@@ -166,9 +240,10 @@ type summary struct {
 	// service and the app accepted per 1000 requests; -1 when not measured.
 	AuthConnsPer1000 float64 `json:"auth_conns_per_1000_requests"`
 	AppConnsPer1000  float64 `json:"app_conns_per_1000_requests"`
-	// SocketErrors and Undecided are totals over the rounds.
+	// SocketErrors, Undecided and RedisFailed are totals over the rounds.
 	SocketErrors int64 `json:"socket_errors"`
 	Undecided    int64 `json:"undecided"`
+	RedisFailed  int64 `json:"redis_failed_calls,omitempty"`
 }
 
 // per1000 is n per 1000 requests; -1 when n was not measured.
@@ -191,29 +266,27 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+func medianOf(ss []sample, f func(*sample) float64) float64 {
+	v := make([]float64, len(ss))
+	for i := range ss {
+		v[i] = f(&ss[i])
+	}
+	return median(v)
+}
+
 func summarize(ss []sample) summary {
-	col := func(f func(s *sample) float64) float64 {
-		v := make([]float64, len(ss))
-		for i := range ss {
-			v[i] = f(&ss[i])
-		}
-		return median(v)
-	}
-	perReq := func(s *sample, cpu float64) float64 {
-		if s.Requests == 0 {
-			return 0
-		}
-		return cpu * 1e6 / float64(s.Requests)
-	}
+	col := func(f func(s *sample) float64) float64 { return medianOf(ss, f) }
 	m := summary{
-		RPS:                  col(func(s *sample) float64 { return s.RPS }),
-		P50MS:                col(func(s *sample) float64 { return s.P50MS }),
-		P99MS:                col(func(s *sample) float64 { return s.P99MS }),
-		StackUSPerRequest:    col(func(s *sample) float64 { return perReq(s, s.stackCPU()) }),
-		USPerRequest:         map[string]float64{},
-		RedisPerRequest:      col(func(s *sample) float64 { return s.RedisPerRequest }),
-		EvalshaPerRequest:    col(func(s *sample) float64 { return s.EvalshaPerRequest }),
-		RedisReadsPerRequest: col(func(s *sample) float64 { return s.RedisReadsPerRequest }),
+		RPS:                      col(func(s *sample) float64 { return s.RPS }),
+		P50MS:                    col(func(s *sample) float64 { return s.P50MS }),
+		P99MS:                    col(func(s *sample) float64 { return s.P99MS }),
+		StackUSPerRequest:        col(func(s *sample) float64 { return s.perDecision("stack") }),
+		USPerRequest:             map[string]float64{},
+		RedisPerRequest:          col(func(s *sample) float64 { return s.RedisPerRequest }),
+		EvalshaPerRequest:        col(func(s *sample) float64 { return s.EvalshaPerRequest }),
+		RedisScriptUSPerRequest:  col(func(s *sample) float64 { return s.RedisScriptUSPerRequest }),
+		RedisCommandUSPerRequest: col(func(s *sample) float64 { return s.RedisCommandUSPerRequest }),
+		RedisReadsPerRequest:     col(func(s *sample) float64 { return s.RedisReadsPerRequest }),
 		Non2xxShare: col(func(s *sample) float64 {
 			if s.Requests == 0 {
 				return 0
@@ -227,28 +300,61 @@ func summarize(ss []sample) summary {
 	for _, role := range []string{"nginx", "auth", "app", "redis", "load", "other"} {
 		m.Cores[role] = round3(col(func(s *sample) float64 { return s.roles()[role] / s.WallS }))
 		if role != "other" {
-			m.USPerRequest[role] = round3(col(func(s *sample) float64 { return perReq(s, s.roles()[role]) }))
+			m.USPerRequest[role] = round3(col(func(s *sample) float64 { return s.perDecision(role) }))
 		}
 	}
 	for i := range ss {
 		m.SocketErrors += ss[i].SocketErrors
 		m.Undecided += ss[i].Undecided
+		m.RedisFailed += ss[i].RedisFailed
 	}
 	return m
 }
 
+// paired divides f of each run of a by f of b's run in the same round, and
+// returns those ratios and their median. The machine's speed drifts (other
+// work, the host under a VM) by more between rounds than between two
+// adjacent runs, so pairs compare like with like.
+func paired(a, b []sample, f func(*sample) float64) (rounds []float64, med float64) {
+	for i := range min(len(a), len(b)) {
+		if d := f(&b[i]); d > 0 {
+			rounds = append(rounds, round3(f(&a[i])/d))
+		}
+	}
+	return rounds, round3(median(rounds))
+}
+
+func rps(s *sample) float64 { return s.RPS }
+
+// armRuns is one arm's runs beyond floor and rategate (minimal,
+// rategate-1rule, rategate-lease) and their medians.
+type armRuns struct {
+	Name    string   `json:"name"`
+	Samples []sample `json:"samples"`
+	Median  summary  `json:"median"`
+	// Ratio is the median of RoundRatios: this arm's req/s over the floor
+	// run of the same round. CostRatio: the floor's CPU per request over
+	// this arm's, paired the same way.
+	Ratio       float64   `json:"ratio"`
+	RoundRatios []float64 `json:"round_ratios"`
+	CostRatio   float64   `json:"cost_ratio"`
+}
+
 // scenarioResult is one scenario's runs and their medians.
 //
-// The ratio is paired: each rategate run is divided by the floor run just
-// before it, and Ratio is the median of those. The machine's speed drifts
-// (other work, the host under a VM) by more between rounds than between
-// two adjacent runs, so pairs compare like with like.
+// Ratios are paired: each run of an arm is divided by the floor run of its
+// round, and the ratio is the median of those.
 type scenarioResult struct {
 	scenario
 	Floor          []sample `json:"floor"`
 	Rategate       []sample `json:"rategate"`
 	FloorMedian    summary  `json:"floor_median"`
 	RategateMedian summary  `json:"rategate_median"`
+	// Others are the scenario's other arms, in run order.
+	Others []armRuns `json:"others,omitempty"`
+	// Ceiling holds hot-key's redis-benchmark runs, one per round.
+	Ceiling       []sample `json:"ceiling,omitempty"`
+	CeilingMedian *summary `json:"ceiling_median,omitempty"`
 	// Ratio is the median of RoundRatios, rategate req/s over the floor's.
 	Ratio       float64   `json:"ratio"`
 	RoundRatios []float64 `json:"round_ratios"`
@@ -268,34 +374,79 @@ type scenarioResult struct {
 // scenario is marked noisy.
 const noisySpread = 0.2
 
+// setArms files each arm's runs: floor and rategate in their own fields,
+// the others in Others.
+func (r *scenarioResult) setArms(arms []arm, runs [][]sample) {
+	r.Floor, r.Rategate, r.Others = nil, nil, nil
+	for i, a := range arms {
+		switch a.Name {
+		case "floor":
+			r.Floor = runs[i]
+		case "rategate":
+			r.Rategate = runs[i]
+		default:
+			r.Others = append(r.Others, armRuns{Name: a.Name, Samples: runs[i]})
+		}
+	}
+}
+
+// armSamples returns the runs of the arm called name, nil if it did not run.
+func (r *scenarioResult) armSamples(name string) []sample {
+	switch name {
+	case "floor":
+		return r.Floor
+	case "rategate":
+		return r.Rategate
+	}
+	for i := range r.Others {
+		if r.Others[i].Name == name {
+			return r.Others[i].Samples
+		}
+	}
+	return nil
+}
+
+// arms lists every arm with its figures, in run order (floor first).
+func (r *scenarioResult) arms() []armRuns {
+	out := []armRuns{{Name: "floor", Samples: r.Floor, Median: r.FloorMedian},
+		{Name: "rategate", Samples: r.Rategate, Median: r.RategateMedian, Ratio: r.Ratio, RoundRatios: r.RoundRatios, CostRatio: r.CostRatio}}
+	return append(out, r.Others...)
+}
+
 func (r *scenarioResult) summarize() {
 	r.FloorMedian, r.RategateMedian = summarize(r.Floor), summarize(r.Rategate)
+	r.RatioOfMedians = 0
 	if r.FloorMedian.RPS > 0 {
 		r.RatioOfMedians = round3(r.RategateMedian.RPS / r.FloorMedian.RPS)
 	}
-	r.RoundRatios = nil
-	var costs []float64
-	for i := range min(len(r.Floor), len(r.Rategate)) {
-		f, g := &r.Floor[i], &r.Rategate[i]
-		if f.RPS > 0 {
-			r.RoundRatios = append(r.RoundRatios, round3(g.RPS/f.RPS))
-		}
-		if fc, gc := f.stackCPU()+f.roles()["load"], g.stackCPU()+g.roles()["load"]; fc > 0 && gc > 0 && f.Requests > 0 && g.Requests > 0 {
-			costs = append(costs, (fc/float64(f.Requests))/(gc/float64(g.Requests)))
-		}
+	cost := func(s *sample) float64 { return s.costPerRequest() }
+	r.RoundRatios, r.Ratio = paired(r.Rategate, r.Floor, rps)
+	_, r.CostRatio = paired(r.Floor, r.Rategate, cost)
+	for i := range r.Others {
+		o := &r.Others[i]
+		o.Median = summarize(o.Samples)
+		o.RoundRatios, o.Ratio = paired(o.Samples, r.Floor, rps)
+		_, o.CostRatio = paired(r.Floor, o.Samples, cost)
 	}
-	r.Ratio = round3(median(r.RoundRatios))
-	r.CostRatio = round3(median(costs))
+	r.CeilingMedian = nil
+	if len(r.Ceiling) > 0 {
+		m := summarize(r.Ceiling)
+		r.CeilingMedian = &m
+	}
 	r.Noisy = r.RategateMedian.Undecided > 0 ||
 		(len(r.RoundRatios) > 1 && slices.Max(r.RoundRatios)-slices.Min(r.RoundRatios) > noisySpread)
+	for _, o := range r.Others {
+		r.Noisy = r.Noisy || o.Median.Undecided > 0 ||
+			(len(o.RoundRatios) > 1 && slices.Max(o.RoundRatios)-slices.Min(o.RoundRatios) > noisySpread)
+	}
 }
 
-// ratioRange is "min–max" of the round ratios.
-func (r *scenarioResult) ratioRange() string {
-	if len(r.RoundRatios) < 2 {
+// ratioRange is "min–max" of round ratios, "" for fewer than two.
+func ratioRange(v []float64) string {
+	if len(v) < 2 {
 		return ""
 	}
-	return fmt.Sprintf("%.2f–%.2f", slices.Min(r.RoundRatios), slices.Max(r.RoundRatios))
+	return fmt.Sprintf("%.2f–%.2f", slices.Min(v), slices.Max(v))
 }
 
 // latencyResult is the fixed-rate check.
@@ -328,14 +479,24 @@ func (l *latencyResult) summarize() {
 	l.Noisy = l.RategateMedian.Undecided > 0 || (len(p99) > 0 && slices.Max(p99) > 2*slices.Min(p99))
 }
 
-// targetResult is one of issue 8's targets.
+// targetResult is one target, computed from one run's rounds.
 type targetResult struct {
 	Name string `json:"name"`
 	Want string `json:"want"`
 	Got  string `json:"got"`
-	// Verdict is "met", "not reached", or "inconclusive" when some rounds
-	// are on each side of the target.
+	// Verdict is "met", "not met", "inconclusive" when too many rounds
+	// are on the other side of the median, or "not run" when the
+	// scenario (or arm) it needs did not run.
 	Verdict string `json:"verdict"`
+	// Value is the median of Rounds, the figure judged against Bound;
+	// A and B are the medians of its two terms (A ÷ B, or A - B for the
+	// latency check), in Unit.
+	Value  float64   `json:"value"`
+	Bound  float64   `json:"bound"`
+	A      float64   `json:"a"`
+	B      float64   `json:"b"`
+	Unit   string    `json:"unit,omitempty"`
+	Rounds []float64 `json:"rounds,omitempty"`
 }
 
 // verdict judges a target by the median of the rounds, and calls it
@@ -354,198 +515,120 @@ func verdict(rounds []float64, median float64, ok func(float64) bool) string {
 	case ok(median):
 		return "met"
 	}
-	return "not reached"
+	return "not met"
 }
 
-// evaluate checks the targets against what ran.
+// goal is a target of the speed issue, computed from one scenario's rounds:
+// Metric of arm A divided by Metric of arm B in the same round, at most
+// (AtMost) or at least Bound.
+type goal struct {
+	Name     string
+	Scenario string
+	A, B     string
+	Metric   string // "rps", "redis_us" (Redis CPU per decision), "auth_us" (the auth service's)
+	Bound    float64
+	AtMost   bool
+}
+
+// metrics are the figures goals divide, per sample, with their unit.
+var metrics = map[string]struct {
+	unit string
+	f    func(*sample) float64
+}{
+	"rps":      {"req/s", rps},
+	"redis_us": {"µs", func(s *sample) float64 { return s.perDecision("redis") }},
+	"auth_us":  {"µs", func(s *sample) float64 { return s.perDecision("auth") }},
+}
+
+// goals are the speed issue's targets against the minimal limiter, in the
+// order the report lists them.
+var goals = []goal{
+	{"Redis CPU per decision, rategate ÷ minimal, direct", "vs-minimal-direct", "rategate", "minimal", "redis_us", 0.8, true},
+	{"Redis CPU per decision, rategate ÷ minimal, behind NGINX", "vs-minimal", "rategate", "minimal", "redis_us", 0.8, true},
+	{"Redis CPU per decision, 3 rules ÷ 1 rule (rategate)", "vs-minimal-multi", "rategate", "rategate-1rule", "redis_us", 1.5, true},
+	{"throughput, rategate ÷ minimal, direct", "vs-minimal-direct", "rategate", "minimal", "rps", 1.1, false},
+	{"throughput, rategate ÷ minimal, behind NGINX", "vs-minimal", "rategate", "minimal", "rps", 1.1, false},
+	{"own CPU per decision, rategate ÷ minimal, direct", "vs-minimal-direct", "rategate", "minimal", "auth_us", 1.0, true},
+	{"own CPU per decision, rategate ÷ minimal, behind NGINX", "vs-minimal", "rategate", "minimal", "auth_us", 1.0, true},
+}
+
+// judge computes g from the scenarios that ran.
+func (g goal) judge(scs []scenarioResult) targetResult {
+	m := metrics[g.Metric]
+	cmp := ">="
+	if g.AtMost {
+		cmp = "<="
+	}
+	t := targetResult{Name: g.Name, Want: fmt.Sprintf("%s %.2f", cmp, g.Bound), Bound: g.Bound, Unit: m.unit, Verdict: "not run",
+		Got: "not run (" + g.Scenario + ")"}
+	var a, b []sample
+	for i := range scs {
+		if scs[i].Name == g.Scenario {
+			a, b = scs[i].armSamples(g.A), scs[i].armSamples(g.B)
+		}
+	}
+	if len(a) == 0 || len(b) == 0 {
+		return t
+	}
+	t.Rounds, t.Value = paired(a, b, m.f)
+	t.A, t.B = round3(medianOf(a, m.f)), round3(medianOf(b, m.f))
+	ok := func(v float64) bool { return v >= g.Bound }
+	if g.AtMost {
+		ok = func(v float64) bool { return v <= g.Bound }
+	}
+	t.Verdict = verdict(t.Rounds, t.Value, ok)
+	t.Got = fmt.Sprintf("%.2f (%s %s: %s ÷ %s %s%s)", t.Value, g.A, g.B, fmtNum(t.A), fmtNum(t.B), m.unit, roundsNote(t.Rounds))
+	return t
+}
+
+// fmtNum prints a figure with the digits that matter: 27700, 25.3, 0.84.
+func fmtNum(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// roundsNote is "; rounds 0.41–0.52", or "" for a single round.
+func roundsNote(v []float64) string {
+	if r := ratioRange(v); r != "" {
+		return "; rounds " + r
+	}
+	return ""
+}
+
+// evaluate computes every target from what ran: the goals against the
+// minimal limiter, each scenario's rategate ÷ floor target (the floor
+// moonshots), and the latency check.
 func (res *results) evaluate() {
 	res.Targets = nil
+	for _, g := range goals {
+		res.Targets = append(res.Targets, g.judge(res.Scenarios))
+	}
 	for _, r := range res.Scenarios {
 		if r.Target == 0 {
 			continue
 		}
-		what := map[string]string{
-			"mostly-allowed": "behind NGINX (mostly allowed)",
-			"direct":         "direct, without NGINX",
-			"attack":         "attack traffic, behind NGINX",
-		}[r.Name]
+		where := map[string]string{"nginx": "behind NGINX", "direct": "direct"}[r.Via]
 		target := r.Target
-		res.Targets = append(res.Targets, targetResult{
-			Name: what, Want: fmt.Sprintf(">= %.2fx the floor", r.Target),
-			Got:     strings.TrimSuffix(fmt.Sprintf("%.2fx (rounds %s)", r.Ratio, r.ratioRange()), " (rounds )"),
-			Verdict: verdict(r.RoundRatios, r.Ratio, func(v float64) bool { return v >= target }),
-		})
+		t := targetResult{Name: fmt.Sprintf("throughput, rategate ÷ floor, %s (%s)", where, r.Name), Want: fmt.Sprintf(">= %.2f", r.Target),
+			Value: r.Ratio, Bound: r.Target, A: r.RategateMedian.RPS, B: r.FloorMedian.RPS, Unit: "req/s", Rounds: r.RoundRatios,
+			Verdict: verdict(r.RoundRatios, r.Ratio, func(v float64) bool { return v >= target })}
+		t.Got = fmt.Sprintf("%.2f (rategate floor: %.0f ÷ %.0f req/s%s)", r.Ratio, t.A, t.B, roundsNote(r.RoundRatios))
+		res.Targets = append(res.Targets, t)
 	}
 	if l := res.Latency; l != nil {
 		res.Targets = append(res.Targets, targetResult{
-			Name:    fmt.Sprintf("p99 at half the maximum rate (%.0f req/s)", l.Rate),
-			Want:    "<= floor's p99 + 0.50 ms",
-			Got:     fmt.Sprintf("%+.2f ms (%.2f vs %.2f ms)", l.DeltaP99MS, l.RategateMedian.P99MS, l.FloorMedian.P99MS),
+			Name:  fmt.Sprintf("p99 at half the maximum rate (%.0f req/s), rategate - floor", l.Rate),
+			Want:  "<= +0.50 ms",
+			Got:   fmt.Sprintf("%+.2f ms (rategate floor: %.2f - %.2f ms)", l.DeltaP99MS, l.RategateMedian.P99MS, l.FloorMedian.P99MS),
+			Value: l.DeltaP99MS, Bound: 0.5, A: l.RategateMedian.P99MS, B: l.FloorMedian.P99MS, Unit: "ms", Rounds: l.RoundDeltas,
 			Verdict: verdict(l.RoundDeltas, l.DeltaP99MS, func(v float64) bool { return v <= 0.5 }),
 		})
 	}
-}
-
-// text is the console summary.
-func (res *results) text() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "summary (medians of %d rounds; ratio = median of each rategate run ÷ the floor run before it; cores = CPU seconds per second, in the rategate runs)\n", res.Settings.Rounds)
-	fmt.Fprintf(&b, "%-15s %8s %8s %6s %5s %6s %13s %13s %9s %9s   %-43s %11s %6s %s %s\n",
-		"scenario", "floor/s", "rg/s", "ratio", "cost", "target", "p50 fl→rg ms", "p99 fl→rg ms", "µs/req fl", "µs/req rg",
-		"cores: nginx rategate redis app load other", "redis read·eval·cmd", "non2xx", "auth conns/1k fl→rg", "undecided")
-	for _, r := range res.Scenarios {
-		f, g := r.FloorMedian, r.RategateMedian
-		if r.Noisy {
-			r.Name += "*"
-		}
-		tgt := "-"
-		if r.Target > 0 {
-			tgt = fmt.Sprintf("%.2f", r.Target)
-		}
-		c := g.Cores
-		fmt.Fprintf(&b, "%-15s %8.0f %8.0f %6.2f %5.2f %6s %6.2f→%-6.2f %6.2f→%-6.2f %9.1f %9.1f   %-43s %5.2f·%4.2f·%-5.2f %5.1f%% %6.1f→%-6.1f %d\n",
-			r.Name, f.RPS, g.RPS, r.Ratio, r.CostRatio, tgt, f.P50MS, g.P50MS, f.P99MS, g.P99MS, f.StackUSPerRequest, g.StackUSPerRequest,
-			fmt.Sprintf("%.2f %.2f %.2f %.2f %.2f %.2f", c["nginx"], c["auth"], c["redis"], c["app"], c["load"], c["other"]),
-			g.RedisReadsPerRequest, g.EvalshaPerRequest, g.RedisPerRequest, 100*g.Non2xxShare, f.AuthConnsPer1000, g.AuthConnsPer1000, g.Undecided)
-	}
-	b.WriteString("* noisy: the round ratios spread by more than 0.2, or failure_mode answered some requests\n")
-	for _, r := range res.Scenarios {
-		fmt.Fprintf(&b, "  %-15s round ratios %v\n", r.Name, r.RoundRatios)
-	}
-	b.WriteString("cost = floor CPU per request ÷ rategate CPU per request (stack and wrk): the ratio req/s tend to when the CPUs are the bottleneck\n")
-	b.WriteString("\nCPU µs per request (medians), floor → rategate; auth = the floor server or rategate\n")
-	for _, r := range res.Scenarios {
-		fmt.Fprintf(&b, "%-15s %s\n", r.Name, perRequestLine(r.FloorMedian, r.RategateMedian, "%s %.0f→%.0f  "))
-	}
-	if l := res.Latency; l != nil {
-		fmt.Fprintf(&b, "%-15s at %.0f req/s open loop: p50 %.2f→%.2f ms, p99 %.2f→%.2f ms, p99.9 %.2f→%.2f ms (floor→rategate)\n",
-			latencyScenario, l.Rate, l.FloorMedian.P50MS, l.RategateMedian.P50MS, l.FloorMedian.P99MS, l.RategateMedian.P99MS,
-			medianOf(l.Floor, func(s *sample) float64 { return s.P999MS }), medianOf(l.Rategate, func(s *sample) float64 { return s.P999MS }))
-	}
-	b.WriteString("\ntargets (issue 8):\n")
-	for _, t := range res.Targets {
-		mark := strings.ToUpper(t.Verdict)
-		if t.Verdict == "met" {
-			mark = "met"
-		}
-		fmt.Fprintf(&b, "  %-45s want %-26s got %-32s %s\n", t.Name, t.Want, t.Got, mark)
-	}
-	fmt.Fprintf(&b, "\nload average before %.2f %.2f %.2f, after %.2f %.2f %.2f; %s\n",
-		res.LoadBefore[0], res.LoadBefore[1], res.LoadBefore[2], res.LoadAfter[0], res.LoadAfter[1], res.LoadAfter[2], res.otherCPU())
-	fmt.Fprintf(&b, "logs: rategate warn/error lines %d; NGINX→rategate error.log %d lines (%d of them 429 denials); NGINX→floor error.log %d lines; quiet copies %d lines\n",
-		res.Logs.RategateWarnings, res.Logs.NginxRategateErrorLines, res.Logs.NginxRategateDenialLines, res.Logs.NginxFloorErrorLines, res.Logs.NginxQuietErrorLines)
-	for _, l := range res.Logs.Samples {
-		if len(l) > 220 {
-			l = l[:220] + "…"
-		}
-		fmt.Fprintf(&b, "  %s\n", l)
-	}
-	fmt.Fprintf(&b, "took %s\n", res.Finished.Sub(res.Started).Round(time.Second))
-	return b.String()
-}
-
-// perRequestLine formats the CPU µs per request of each role, floor →
-// rategate, with format taking (role, floor, rategate) or, when it has two
-// verbs only, (floor, rategate).
-func perRequestLine(f, g summary, format string) string {
-	var b strings.Builder
-	for _, role := range []string{"nginx", "auth", "redis", "app", "load"} {
-		if strings.Count(format, "%") == 3 {
-			fmt.Fprintf(&b, format, role, f.USPerRequest[role], g.USPerRequest[role])
-		} else {
-			fmt.Fprintf(&b, format, f.USPerRequest[role], g.USPerRequest[role])
-		}
-	}
-	return strings.TrimRight(b.String(), " ")
-}
-
-func medianOf(ss []sample, f func(*sample) float64) float64 {
-	v := make([]float64, len(ss))
-	for i := range ss {
-		v[i] = f(&ss[i])
-	}
-	return median(v)
-}
-
-// otherCPU says how busy the rest of the machine was during the runs.
-func (res *results) otherCPU() string {
-	var v []float64
-	for _, r := range res.Scenarios {
-		for _, ss := range [][]sample{r.Floor, r.Rategate} {
-			for i := range ss {
-				v = append(v, ss[i].roles()["other"]/ss[i].WallS)
-			}
-		}
-	}
-	if len(v) == 0 {
-		return "no runs"
-	}
-	return fmt.Sprintf("the rest of the machine (other processes, the idle side of the stack) used %.2f cores (median; max %.2f) of %d during the runs",
-		median(v), slices.Max(v), res.Machine.CPUs)
-}
-
-// markdown is the table README's Performance section shows.
-func (res *results) markdown() string {
-	var b strings.Builder
-	s := res.Settings
-	if s.NginxKeepalive > 0 {
-		fmt.Fprintf(&b, "**Experiment:** NGINX upstreams with `keepalive %d` instead of the shipped 32 (rategate) and 16 (app).\n\n", s.NginxKeepalive)
-	}
-	fmt.Fprintf(&b, "Measured %s with `make bench` (%s runs, %d alternations, wrk -t%d -c%d, %d users) at %s on a %d-CPU %s; "+
-		"load average %.2f before, %.2f after; %s.\n\n",
-		res.Started.Format("2006-01-02"), s.Duration, s.Rounds, s.Threads, s.Connections, s.Users, res.Machine.Revision,
-		res.Machine.CPUs, res.Machine.Model, res.LoadBefore[0], res.LoadAfter[0], res.otherCPU())
-	b.WriteString("| scenario | floor req/s | rategate req/s | rategate ÷ floor (range; target) | CPU cost ratio | p50 ms floor → rategate | p99 ms floor → rategate | " +
-		"CPU µs per request, stack: floor → rategate | cores in the rategate runs: nginx · rategate · redis · app · wrk · rest | Redis reads · EVALSHAs · commands per request | non-2xx |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
-	var undecided int64
-	noisy := false
-	for _, r := range res.Scenarios {
-		f, g := r.FloorMedian, r.RategateMedian
-		tgt := ""
-		if r.Target > 0 {
-			target := r.Target
-			tgt = fmt.Sprintf(" (≥ %.2f: %s)", r.Target, verdict(r.RoundRatios, r.Ratio, func(v float64) bool { return v >= target }))
-		}
-		c := g.Cores
-		name := r.Name
-		if r.Noisy {
-			name += " †"
-			noisy = true
-		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f**%s%s | %.2f | %.2f → %.2f | %.2f → %.2f | %.0f → %.0f | %.2f · %.2f · %.2f · %.2f · %.2f · %.2f | %.2f · %.2f · %.2f | %.1f%% |\n",
-			name, f.RPS, g.RPS, r.Ratio, strings.TrimSuffix(" ("+r.ratioRange()+")", " ()"), tgt, r.CostRatio, f.P50MS, g.P50MS, f.P99MS, g.P99MS, f.StackUSPerRequest, g.StackUSPerRequest,
-			c["nginx"], c["auth"], c["redis"], c["app"], c["load"], c["other"], g.RedisReadsPerRequest, g.EvalshaPerRequest, g.RedisPerRequest, 100*g.Non2xxShare)
-		undecided += g.Undecided
-	}
-	b.WriteString("\nCPU µs per request, and connections the auth service and the app accepted per 1000 requests " +
-		"(new connections instead of kept-alive ones; perf), floor → rategate (medians):\n\n" +
-		"| scenario | nginx | floor / rategate | redis | app | wrk | connections to floor / rategate | to app |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, r := range res.Scenarios {
-		fmt.Fprintf(&b, "| %s |%s %.1f → %.1f | %.1f → %.1f |\n", r.Name, perRequestLine(r.FloorMedian, r.RategateMedian, " %.0f → %.0f |"),
-			r.FloorMedian.AuthConnsPer1000, r.RategateMedian.AuthConnsPer1000, r.FloorMedian.AppConnsPer1000, r.RategateMedian.AppConnsPer1000)
-	}
-	if noisy {
-		b.WriteString("\n† noisy: the ratios of the rounds spread by more than 0.2, or rategate answered some requests by `failure_mode`; the ratio is shaky.\n")
-	}
-	b.WriteString("\nreq/s are medians over the rounds; rategate ÷ floor is the median of each rategate run divided by the floor run just before it, with the range over the rounds.\n")
-	b.WriteString("CPU cost ratio: the floor's CPU per request ÷ rategate's (NGINX, auth service, app, Redis and wrk). " +
-		"With every process on the same few CPUs the req/s ratio tends to it, and it moves far less than req/s with other load on the machine.\n")
-	if undecided > 0 {
-		fmt.Fprintf(&b, "\n**Warning:** rategate answered %d requests by `failure_mode` (Redis slower than `redis.timeout`): the runs they fell in flatter rategate.\n", undecided)
-	}
-	if l := res.Latency; l != nil {
-		mark := verdict(l.RoundDeltas, l.DeltaP99MS, func(v float64) bool { return v <= 0.5 })
-		fmt.Fprintf(&b, "\nLatency at a fixed %.0f req/s (half of rategate's maximum through NGINX; open loop, bench/openloop): "+
-			"p50 %.2f → %.2f ms, p99 %.2f → %.2f ms (floor → rategate, medians); rategate's p99 minus the floor's, median of the rounds: **%+.2f ms** (target ≤ +0.50 ms: %s).\n",
-			l.Rate, l.FloorMedian.P50MS, l.RategateMedian.P50MS, l.FloorMedian.P99MS, l.RategateMedian.P99MS, l.DeltaP99MS, mark)
-		fmt.Fprintf(&b, "Per round: %v ms.", l.RoundDeltas)
-		if l.Noisy {
-			b.WriteString(" The floor's own p99 varied by more than 2× between rounds (or failure_mode answered): the machine was not steady.")
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
 }
 
 // write stores the JSON and latest.md in dir.

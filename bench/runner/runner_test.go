@@ -78,11 +78,82 @@ func TestParsePerfCount(t *testing.T) {
 }
 
 func TestParseCommandStats(t *testing.T) {
-	text := "# Commandstats\r\ncmdstat_evalsha:calls=1200,usec=3400,usec_per_call=2.83,rejected_calls=0,failed_calls=0\r\n" +
-		"cmdstat_hset:calls=1200,usec=900,usec_per_call=0.75,rejected_calls=0,failed_calls=0\r\n"
-	got := parseCommandStats(text)
-	if got["evalsha"] != 1200 || got["hset"] != 1200 || len(got) != 2 {
-		t.Errorf("parseCommandStats = %v", got)
+	text := "# Commandstats\r\ncmdstat_evalsha:calls=1200,usec=3400,usec_per_call=2.83,rejected_calls=0,failed_calls=3\r\n" +
+		"cmdstat_hset:calls=1200,usec=900,usec_per_call=0.75,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_config|resetstat:calls=1,usec=35,usec_per_call=35.00,rejected_calls=0,failed_calls=0\r\n" +
+		"# Stats\r\ntotal_reads_processed:401\r\n"
+	rs := redisStatsOf(text)
+	if rs.Calls["evalsha"] != 1200 || rs.Calls["hset"] != 1200 || rs.Calls["config|resetstat"] != 1 || len(rs.Calls) != 3 {
+		t.Errorf("calls = %v", rs.Calls)
+	}
+	if rs.USec["evalsha"] != 3400 || rs.USec["hset"] != 900 || len(rs.USec) != 3 {
+		t.Errorf("usec = %v", rs.USec)
+	}
+	if rs.Failed["evalsha"] != 3 || len(rs.Failed) != 1 || rs.Reads != 401 {
+		t.Errorf("failed = %v, reads = %d", rs.Failed, rs.Reads)
+	}
+}
+
+// TestSetRedis: Redis's figures per decision from one run's INFO, the
+// runner's own INFO and RESETSTAT left out, scripts apart from the
+// commands they ran, housekeeping apart from both.
+func TestSetRedis(t *testing.T) {
+	s := sample{wrkResult: wrkResult{Requests: 1000}}
+	s.setRedis(redisStats{
+		Calls:  map[string]int64{"evalsha": 1000, "time": 1000, "hmget": 1000, "hset": 1000, "ping": 2, "info": 1, "config|resetstat": 1},
+		USec:   map[string]int64{"evalsha": 9000, "time": 500, "hmget": 1500, "hset": 1000, "ping": 4, "info": 50, "config|resetstat": 30},
+		Failed: map[string]int64{"evalsha": 2, "info": 1},
+		Reads:  201,
+	})
+	for _, c := range []struct {
+		what      string
+		got, want float64
+	}{
+		{"commands per request", s.RedisPerRequest, 4.002},
+		{"scripts per request", s.EvalshaPerRequest, 1},
+		{"script µs per request", s.RedisScriptUSPerRequest, 9},
+		{"their commands' µs per request", s.RedisCommandUSPerRequest, 3},
+		{"reads per request (the INFO's own read left out)", s.RedisReadsPerRequest, 0.2},
+	} {
+		if !near(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	if s.RedisFailed != 2 || s.RedisCalls["info"] != 0 || s.RedisUSec["evalsha"] != 9000 {
+		t.Errorf("failed %d, calls %v, usec %v", s.RedisFailed, s.RedisCalls, s.RedisUSec)
+	}
+	empty := sample{}
+	empty.setRedis(redisStats{Calls: map[string]int64{"evalsha": 5}})
+	if empty.RedisPerRequest != 0 || empty.RedisScriptUSPerRequest != 0 {
+		t.Errorf("no requests: %+v", empty)
+	}
+}
+
+func TestParseRedisBenchmark(t *testing.T) {
+	out := `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+"evalsha 6163 1 k 0 1 1000000000 60000000 1000000000 1 0","151057.39","5.180","0.632","5.031","6.495","7.311","12.383"
+`
+	r, err := parseRedisBenchmark(out, 450000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(r.RPS, 151057.39) || !near(r.P50MS, 5.031) || !near(r.P99MS, 7.311) || r.Requests != 450000 {
+		t.Errorf("parseRedisBenchmark = %+v", r)
+	}
+	for _, bad := range []string{"", "ERROR: NOSCRIPT\n", "\"test\",\"rps\"\n\"x\",\"0\"\n"} {
+		if _, err := parseRedisBenchmark(bad, 1); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+// TestCeilingCommand: one key and decide.lua's ARGV for one check (now,
+// then code, limit, period, burst, cost, shadow).
+func TestCeilingCommand(t *testing.T) {
+	c := ceilingCommand("abc")
+	if len(c) != 11 || c[0] != "evalsha" || c[1] != "abc" || c[2] != "1" || c[3] != ceilingKey || c[4] != "0" || c[5] != "1" ||
+		c[6] != "1000000000" || c[7] != "60000000" || c[9] != "1" || c[10] != "0" {
+		t.Errorf("ceilingCommand = %q", c)
 	}
 }
 
@@ -159,8 +230,8 @@ func TestVerdict(t *testing.T) {
 		want   string
 	}{
 		{[]float64{0.81, 0.85, 0.9}, 0.85, "met"},
-		{[]float64{0.6, 0.7, 0.75}, 0.7, "not reached"},
-		{[]float64{0.53, 1.0, 0.61, 0.6, 0.64}, 0.61, "not reached"}, // one disturbed round
+		{[]float64{0.6, 0.7, 0.75}, 0.7, "not met"},
+		{[]float64{0.53, 1.0, 0.61, 0.6, 0.64}, 0.61, "not met"}, // one disturbed round
 		{[]float64{0.7, 0.82, 0.85, 0.78, 0.9}, 0.82, "inconclusive"},
 	} {
 		if got := verdict(c.rounds, c.median, atLeast); got != c.want {
@@ -186,12 +257,15 @@ func TestLoadSettings(t *testing.T) {
 	if err != nil || s.Duration.Seconds() != 3 || s.Rounds != 4 || len(s.Scenarios) != len(scenarios)+1 {
 		t.Errorf("defaults: %+v, %v", s, err)
 	}
-	s, err = loadSettings(env(map[string]string{"BENCH_DURATION": "2s", "BENCH_ROUNDS": "1", "BENCH_SCENARIOS": "attack, latency"}))
-	if err != nil || s.Duration.Seconds() != 2 || s.Rounds != 1 || !s.wants("attack") || !s.wants("latency") || s.wants("direct") {
+	if s.Lease || s.Pprof {
+		t.Errorf("lease or pprof on by default: %+v", s)
+	}
+	s, err = loadSettings(env(map[string]string{"BENCH_DURATION": "2s", "BENCH_ROUNDS": "1", "BENCH_SCENARIOS": "attack, latency, hot-key", "BENCH_LEASE": "1"}))
+	if err != nil || s.Duration.Seconds() != 2 || s.Rounds != 1 || !s.wants("attack") || !s.wants("latency") || !s.wants("hot-key") || s.wants("direct") || !s.Lease {
 		t.Errorf("knobs: %+v, %v", s, err)
 	}
-	_, err = loadSettings(env(map[string]string{"BENCH_DURATION": "500ms", "BENCH_ROUNDS": "0", "BENCH_SCENARIOS": "nope"}))
-	for _, want := range []string{"BENCH_DURATION", "BENCH_ROUNDS", `unknown scenario "nope"`} {
+	_, err = loadSettings(env(map[string]string{"BENCH_DURATION": "500ms", "BENCH_ROUNDS": "0", "BENCH_SCENARIOS": "nope", "BENCH_LEASE": "yes"}))
+	for _, want := range []string{"BENCH_DURATION", "BENCH_ROUNDS", `unknown scenario "nope"`, "BENCH_LEASE"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not mention %s", err, want)
 		}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,19 +42,54 @@ type stack struct {
 	rategateQuiet, ngRGQuiet, ngFloorQuiet                       *proc
 	rgQuietAddr, adminQuietAddr, ngRGQuietAddr, ngFloorQuietAddr string
 
+	// hot-key: rategate on bench/policy-hotkey.yaml, and on its lease
+	// variant (BENCH_LEASE=1; nil otherwise).
+	rategateHot, rategateLease                           *proc
+	rgHotAddr, adminHotAddr, rgLeaseAddr, adminLeaseAddr string
+
+	// bench/minimal on the vs-minimal rule (direct, and behind its own copy
+	// of nginx.conf) and on the hot-key rule.
+	minimal, minimalHot, ngMin     *proc
+	minAddr, minHotAddr, ngMinAddr string
+
+	// ceilingSHA is rategate's script as loaded for redis-benchmark;
+	// ceilingRate its last measured calls per second (sizes the next run).
+	ceilingSHA  string
+	ceilingRate float64
+
 	rdb *redis.Client
 }
+
+// stackOptions are the knobs that change what runs.
+type stackOptions struct {
+	keepalive int  // BENCH_NGINX_KEEPALIVE
+	pprof     bool // BENCH_PPROF
+	lease     bool // BENCH_LEASE
+}
+
+// The minimal limiter's rules. check() holds each to its rategate twin:
+// both must announce the same RateLimit-Policy.
+var (
+	// minimalSW is bench/policy.yaml's sw-per-user.
+	minimalSW = []string{"-name", "sw-per-user", "-algorithm", "sliding_window", "-limit", "1000", "-period", "1m", "-key", "user", "-prefix", "minbench:sw"}
+	// minimalHot is bench/policy-hotkey.yaml's hot-global.
+	minimalHot = []string{"-name", "hot-global", "-algorithm", "fixed_window", "-limit", "1000000000", "-period", "1m", "-key", "global", "-prefix", "minbench:hot"}
+)
 
 // startStack starts everything, checks that each path answers as expected,
 // and returns the running stack. On error what was started is left to
 // ps.stopAll.
-func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepalive int, pprof bool) (*stack, error) {
+func startStack(ctx context.Context, ps *procSet, work, bin, repo string, opt stackOptions) (*stack, error) {
 	st := &stack{ps: ps, work: work, bin: bin}
 	var err error
 	if st.script, err = filepath.Abs(filepath.Join(repo, "bench", "wrk", "users.lua")); err != nil {
 		return nil, err
 	}
 	if st.policy, err = filepath.Abs(filepath.Join(repo, "bench", "policy.yaml")); err != nil {
+		return nil, err
+	}
+	hotPolicy, err := filepath.Abs(filepath.Join(repo, "bench", "policy-hotkey.yaml"))
+	if err != nil {
 		return nil, err
 	}
 	logs := filepath.Join(work, "logs")
@@ -65,7 +101,8 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepal
 		return "127.0.0.1:" + strconv.Itoa(p), err
 	}
 	for _, a := range []*string{&st.redisAddr, &st.rgAddr, &st.floorAddr, &st.appAddr, &st.ngRGAddr, &st.ngFloorAddr,
-		&st.adminAddr, &st.rgQuietAddr, &st.adminQuietAddr, &st.ngRGQuietAddr, &st.ngFloorQuietAddr} {
+		&st.adminAddr, &st.rgQuietAddr, &st.adminQuietAddr, &st.ngRGQuietAddr, &st.ngFloorQuietAddr,
+		&st.rgHotAddr, &st.adminHotAddr, &st.rgLeaseAddr, &st.adminLeaseAddr, &st.minAddr, &st.minHotAddr, &st.ngMinAddr} {
 		if *a, err = addr(); err != nil {
 			return nil, err
 		}
@@ -98,29 +135,65 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepal
 	if err != nil {
 		return nil, err
 	}
-	rg := filepath.Join(bin, "rategate")
 	var extra []string
-	if pprof {
+	if opt.pprof {
 		extra = append(extra, "-pprof")
 		st.pprof = true
 	}
-	if st.rategate, err = ps.start("rategate", filepath.Join(logs, "rategate.log"), rg,
-		append([]string{"-config", st.policy, "-redis", "redis://" + st.redisAddr + "/0",
-			"-listen", st.rgAddr, "-admin-listen", st.adminAddr}, extra...)...); err != nil {
-		return nil, err
+	type rg struct {
+		name, policy, listen, admin string
+		dst                         **proc
 	}
-	if st.rategateQuiet, err = ps.start("rategate-quiet", filepath.Join(logs, "rategate-quiet.log"), rg,
-		append([]string{"-config", quietPolicy, "-redis", "redis://" + st.redisAddr + "/0",
-			"-listen", st.rgQuietAddr, "-admin-listen", st.adminQuietAddr}, extra...)...); err != nil {
-		return nil, err
+	rgs := []rg{
+		{"rategate", st.policy, st.rgAddr, st.adminAddr, &st.rategate},
+		{"rategate-quiet", quietPolicy, st.rgQuietAddr, st.adminQuietAddr, &st.rategateQuiet},
+		{"rategate-hot", hotPolicy, st.rgHotAddr, st.adminHotAddr, &st.rategateHot},
 	}
-	for _, w := range []struct {
+	if opt.lease {
+		leasePolicy, err := writeLeasePolicy(hotPolicy, filepath.Join(work, "policy-hotkey-lease.yaml"))
+		if err != nil {
+			return nil, err
+		}
+		rgs = append(rgs, rg{"rategate-lease", leasePolicy, st.rgLeaseAddr, st.adminLeaseAddr, &st.rategateLease})
+	}
+	for _, r := range rgs {
+		if *r.dst, err = ps.start(r.name, filepath.Join(logs, r.name+".log"), filepath.Join(bin, "rategate"),
+			append([]string{"-config", r.policy, "-redis", "redis://" + st.redisAddr + "/0",
+				"-listen", r.listen, "-admin-listen", r.admin}, extra...)...); err != nil {
+			return nil, err
+		}
+	}
+	// The minimal limiter has the same Redis budget as rategate's policy.
+	for _, m := range []struct {
+		name, listen string
+		rule         []string
+		dst          **proc
+	}{{"minimal", st.minAddr, minimalSW, &st.minimal}, {"minimal-hot", st.minHotAddr, minimalHot, &st.minimalHot}} {
+		if *m.dst, err = ps.start(m.name, filepath.Join(logs, m.name+".log"), filepath.Join(bin, "minimal"),
+			append([]string{"-listen", m.listen, "-redis", st.redisAddr, "-timeout", "200ms", "-pipelines", "4"}, m.rule...)...); err != nil {
+			return nil, err
+		}
+	}
+	waits := []struct {
 		p          *proc
 		addr, path string
 		want       int
 	}{{st.floor, st.floorAddr, "/", 204}, {st.app, st.appAddr, "/", 204},
-		{st.rategate, st.rgAddr, "/readyz", 200}, {st.rategateQuiet, st.rgQuietAddr, "/readyz", 200}} {
+		{st.rategate, st.rgAddr, "/readyz", 200}, {st.rategateQuiet, st.rgQuietAddr, "/readyz", 200},
+		{st.rategateHot, st.rgHotAddr, "/readyz", 200},
+		{st.minimal, st.minAddr, "/metrics", 200}, {st.minimalHot, st.minHotAddr, "/metrics", 200}}
+	if st.rategateLease != nil {
+		waits = append(waits, struct {
+			p          *proc
+			addr, path string
+			want       int
+		}{st.rategateLease, st.rgLeaseAddr, "/readyz", 200})
+	}
+	for _, w := range waits {
 		if err := waitHTTP(w.p, w.addr, w.path, w.want, 10*time.Second); err != nil {
+			if w.p == st.rategateLease {
+				err = fmt.Errorf("BENCH_LEASE=1: rategate does not take the hot-key rule with lease: true (%w)", err)
+			}
 			return nil, err
 		}
 	}
@@ -133,13 +206,14 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepal
 	}{
 		{"nginx-rategate", st.rgAddr, st.ngRGAddr, "nginx.conf", &st.ngRG},
 		{"nginx-floor", st.floorAddr, st.ngFloorAddr, "nginx.conf", &st.ngFloor},
+		{"nginx-minimal", st.minAddr, st.ngMinAddr, "nginx.conf", &st.ngMin},
 		{"nginx-rategate-quiet", st.rgQuietAddr, st.ngRGQuietAddr, "nginx-quiet.conf", &st.ngRGQuiet},
 		{"nginx-floor-quiet", st.floorAddr, st.ngFloorQuietAddr, "nginx-quiet.conf", &st.ngFloorQuiet},
 	} {
 		prefix := filepath.Join(work, n.name)
 		_, lport, _ := net.SplitHostPort(n.listen)
 		port, _ := strconv.Atoi(lport)
-		if err := copyNginxDir(filepath.Join(repo, "nginx"), prefix, nginxRewrite{listen: port, auth: n.auth, app: st.appAddr, keepalive: keepalive}); err != nil {
+		if err := copyNginxDir(filepath.Join(repo, "nginx"), prefix, nginxRewrite{listen: port, auth: n.auth, app: st.appAddr, keepalive: opt.keepalive}); err != nil {
 			return nil, err
 		}
 		p, err := ps.start(n.name, filepath.Join(logs, n.name+".log"), "nginx",
@@ -158,27 +232,40 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, keepal
 // writeQuietPolicy writes the bench policy with deny_status 403, for the
 // quiet NGINX variant, and returns its path.
 func writeQuietPolicy(src, dst string) (string, error) {
+	return rewritePolicy(src, dst, "\nfailure_mode: allow\n", "deny_status: 403\n")
+}
+
+// writeLeasePolicy writes the hot-key policy with lease: true on its rule,
+// for BENCH_LEASE=1, and returns its path.
+func writeLeasePolicy(src, dst string) (string, error) {
+	return rewritePolicy(src, dst, "\n    algorithm: fixed_window\n", "    lease: true\n")
+}
+
+// rewritePolicy copies src to dst with line inserted after the one anchor
+// line, which must be there.
+func rewritePolicy(src, dst, anchor, line string) (string, error) {
 	b, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
 	}
-	const anchor = "\nfailure_mode: allow\n"
-	if !bytes.Contains(b, []byte(anchor)) {
-		return "", fmt.Errorf("%s has no %q line: update writeQuietPolicy", src, strings.TrimSpace(anchor))
+	if bytes.Count(b, []byte(anchor)) != 1 {
+		return "", fmt.Errorf("%s has not exactly one %q line: update bench/runner/stack.go", src, strings.TrimSpace(anchor))
 	}
-	b = bytes.Replace(b, []byte(anchor), []byte(anchor+"deny_status: 403\n"), 1)
+	b = bytes.Replace(b, []byte(anchor), []byte(anchor+line), 1)
 	return dst, os.WriteFile(dst, b, 0o644)
 }
 
 // check makes sure each path is what the numbers will claim: NGINX asks
-// rategate (rate-limit headers come back) or the floor (none), the app is
-// reached, and /auth decides directly.
+// rategate or the minimal limiter (rate-limit headers come back) or the
+// floor (none), the app is reached, /auth decides directly, each prefix
+// meets the rules named for it, and the minimal limiter runs the same
+// rules as its rategate twin.
 func (st *stack) check() error {
 	user := map[string]string{"X-User": "check-user"}
-	for _, ng := range []struct{ what, addr string }{{"NGINX", st.ngRGAddr}, {"NGINX (quiet)", st.ngRGQuietAddr}} {
-		status, hdr, err := httpDo(ng.addr, "/api/items/1", user)
+	for _, ng := range []struct{ what, addr string }{{"NGINX", st.ngRGAddr}, {"NGINX (quiet)", st.ngRGQuietAddr}, {"NGINX (minimal)", st.ngMinAddr}} {
+		status, hdr, err := httpDo(ng.addr, "/sw/items/1", user)
 		if err != nil || status != 204 || hdr["x-ratelimit-limit"] == "" {
-			return fmt.Errorf("%s -> rategate -> app: status %d, X-RateLimit-Limit %q, err %v (want 204 with the header)", ng.what, status, hdr["x-ratelimit-limit"], err)
+			return fmt.Errorf("%s -> auth -> app: status %d, X-RateLimit-Limit %q, err %v (want 204 with the header)", ng.what, status, hdr["x-ratelimit-limit"], err)
 		}
 	}
 	for _, ng := range []struct{ what, addr string }{{"NGINX", st.ngFloorAddr}, {"NGINX (quiet)", st.ngFloorQuietAddr}} {
@@ -187,11 +274,57 @@ func (st *stack) check() error {
 			return fmt.Errorf("%s -> floor -> app: status %d, X-RateLimit-Limit %q, err %v (want 204 without the header)", ng.what, status, hdr["x-ratelimit-limit"], err)
 		}
 	}
-	status, hdr, err := httpDo(st.rgAddr, "/auth", map[string]string{
-		"X-Original-URI": "/api/items/1", "X-Real-IP": "127.0.0.1", "X-User-Id": "check-user",
-	})
-	if err != nil || status != 204 || hdr["ratelimit-policy"] == "" {
-		return fmt.Errorf("rategate /auth: status %d, RateLimit-Policy %q, err %v (want 204 with the header)", status, hdr["ratelimit-policy"], err)
+	// policy returns the RateLimit-Policy of an allowed /auth, and the
+	// names of every header that came with it.
+	policy := func(addr, path string) (string, string, error) {
+		status, hdr, err := httpDo(addr, "/auth", map[string]string{
+			"X-Original-URI": path, "X-Real-IP": "127.0.0.1", "X-User-Id": "check-user",
+		})
+		if err != nil || status != 204 || hdr["ratelimit-policy"] == "" {
+			return "", "", fmt.Errorf("%s /auth %s: status %d, RateLimit-Policy %q, err %v (want 204 with the header)", addr, path, status, hdr["ratelimit-policy"], err)
+		}
+		var names []string
+		for k := range hdr {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		return hdr["ratelimit-policy"], strings.Join(names, " "), nil
+	}
+	for _, c := range []struct {
+		what, addr, path string
+		want             string // the rules named in RateLimit-Policy
+		twin             string // the minimal limiter that must announce the same policy
+	}{
+		{"rategate", st.rgAddr, "/api/items/1", `"api-per-user"`, ""},
+		{"rategate", st.rgAddr, "/sw/items/1", `"sw-per-user"`, st.minAddr},
+		{"rategate", st.rgAddr, "/swm/items/1", `"swm-user" "swm-route" "swm-global"`, ""},
+		{"rategate-hot", st.rgHotAddr, "/hot/items/1", `"hot-global"`, st.minHotAddr},
+		{"rategate-lease", st.rgLeaseAddr, "/hot/items/1", `"hot-global"`, ""},
+	} {
+		if c.what == "rategate-lease" && st.rategateLease == nil {
+			continue
+		}
+		got, names, err := policy(c.addr, c.path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.what, err)
+		}
+		for _, name := range strings.Fields(c.want) {
+			if !strings.Contains(got, name+";") {
+				return fmt.Errorf("%s /auth %s: RateLimit-Policy %q does not name %s: bench/policy*.yaml and the scenarios disagree", c.what, c.path, got, name)
+			}
+		}
+		if c.twin != "" {
+			twin, twinNames, err := policy(c.twin, c.path)
+			if err != nil {
+				return fmt.Errorf("minimal: %w", err)
+			}
+			if twin != got {
+				return fmt.Errorf("the minimal limiter announces %q, rategate %q for %s: make bench/runner's minimal rule match the policy", twin, got, c.path)
+			}
+			if twinNames != names {
+				return fmt.Errorf("for %s the minimal limiter answers with the headers %q, rategate with %q: NGINX would not copy the same", c.path, twinNames, names)
+			}
+		}
 	}
 	return nil
 }
@@ -199,57 +332,122 @@ func (st *stack) check() error {
 // describe says what runs where, for the results.
 func (st *stack) describe() stackInfo {
 	return stackInfo{
-		Summary: fmt.Sprintf("stack: redis %s · rategate %s (quiet: %s) · floor %s · app (floor binary) %s · NGINX→rategate %s · NGINX→floor %s · quiet NGINX→rategate %s, →floor %s",
-			st.redisAddr, st.rgAddr, st.rgQuietAddr, st.floorAddr, st.appAddr, st.ngRGAddr, st.ngFloorAddr, st.ngRGQuietAddr, st.ngFloorQuietAddr),
-		App: "the floor server (204, no body) on its own port, behind both NGINX copies",
+		Summary: fmt.Sprintf("stack: redis %s · rategate %s (quiet: %s, hot-key: %s) · minimal %s (hot-key: %s) · floor %s · app (floor binary) %s · "+
+			"NGINX→rategate %s · NGINX→minimal %s · NGINX→floor %s · quiet NGINX→rategate %s, →floor %s",
+			st.redisAddr, st.rgAddr, st.rgQuietAddr, st.rgHotAddr, st.minAddr, st.minHotAddr, st.floorAddr, st.appAddr,
+			st.ngRGAddr, st.ngMinAddr, st.ngFloorAddr, st.ngRGQuietAddr, st.ngFloorQuietAddr),
+		App: "the floor server (204, no body) on its own port, behind every NGINX copy",
 		NGINX: "copies of nginx/ (nginx.conf, or nginx-quiet.conf for attack-quiet, with their includes) with only the listen, " +
-			"rategate and app addresses rewritten and worker_processes 1; access_log and error_log as shipped",
+			"auth and app addresses rewritten and worker_processes 1; access_log and error_log as shipped",
+		Minimal: "bench/minimal: fasthttp + go-redis, one Lua script per algorithm, 4 pipeline runners, a 200ms deadline per request; " +
+			"its rule: " + strings.Join(minimalSW, " ") + " (hot-key: " + strings.Join(minimalHot, " ") + ")",
 	}
 }
 
-// target is one side of a comparison.
+// target is where one arm's runs go.
 type target struct {
-	name  string // "floor" or "rategate"
+	name  string // the arm: floor, rategate, minimal, ...
 	via   string // "nginx" or "direct"
 	url   string
-	auth  *proc
-	nginx *proc  // nil when direct
-	admin string // rategate's admin listener; "" for the floor
+	auth  *proc // nil for redis-benchmark's ceiling runs
+	nginx *proc // nil when direct
+	// admin is rategate's admin listener (pprof); "" otherwise.
+	admin string
+	// undecidedAddr serves undecidedMetric: the requests answered without
+	// a decision ("" for the floor).
+	undecidedAddr, undecidedMetric string
 }
 
-func (st *stack) target(name, via string, quiet bool) target {
-	t := target{name: name, via: via}
-	switch {
-	case name == "floor" && via == "nginx" && quiet:
-		t.url, t.auth, t.nginx = "http://"+st.ngFloorQuietAddr, st.floor, st.ngFloorQuiet
-	case name == "floor" && via == "nginx":
-		t.url, t.auth, t.nginx = "http://"+st.ngFloorAddr, st.floor, st.ngFloor
-	case name == "floor":
-		t.url, t.auth = "http://"+st.floorAddr, st.floor
-	case via == "nginx" && quiet:
-		t.url, t.auth, t.nginx, t.admin = "http://"+st.ngRGQuietAddr, st.rategateQuiet, st.ngRGQuiet, st.adminQuietAddr
-	case via == "nginx":
-		t.url, t.auth, t.nginx, t.admin = "http://"+st.ngRGAddr, st.rategate, st.ngRG, st.adminAddr
-	default:
-		t.url, t.auth, t.admin = "http://"+st.rgAddr, st.rategate, st.adminAddr
+// target resolves arm a of a scenario run via via (quiet: nginx-quiet.conf).
+func (st *stack) target(a arm, via string, quiet bool) (target, error) {
+	t := target{name: a.Name, via: via}
+	if quiet && a.Auth != "floor" && a.Auth != "rategate" {
+		return t, fmt.Errorf("arm %s: no quiet variant", a.Name)
 	}
-	return t
+	if via != "nginx" && via != "direct" {
+		return t, fmt.Errorf("arm %s: via %q", a.Name, via)
+	}
+	rg := func(p *proc, addr, admin string) {
+		t.auth, t.url, t.admin, t.undecidedAddr, t.undecidedMetric = p, "http://"+addr, admin, admin, "rategate_failure_mode_decisions_total"
+	}
+	mini := func(p *proc, addr string) {
+		t.auth, t.url, t.undecidedAddr, t.undecidedMetric = p, "http://"+addr, addr, "minimal_undecided_total"
+	}
+	nginx := func(p *proc, addr string) { t.nginx, t.url = p, "http://"+addr }
+	switch a.Auth {
+	case "floor":
+		t.auth, t.url = st.floor, "http://"+st.floorAddr
+		if via == "nginx" && quiet {
+			nginx(st.ngFloorQuiet, st.ngFloorQuietAddr)
+		} else if via == "nginx" {
+			nginx(st.ngFloor, st.ngFloorAddr)
+		}
+	case "rategate":
+		if quiet {
+			rg(st.rategateQuiet, st.rgQuietAddr, st.adminQuietAddr)
+		} else {
+			rg(st.rategate, st.rgAddr, st.adminAddr)
+		}
+		if via == "nginx" && quiet {
+			nginx(st.ngRGQuiet, st.ngRGQuietAddr)
+		} else if via == "nginx" {
+			nginx(st.ngRG, st.ngRGAddr)
+		}
+	case "minimal":
+		mini(st.minimal, st.minAddr)
+		if via == "nginx" {
+			nginx(st.ngMin, st.ngMinAddr)
+		}
+	case "rategate-hot", "rategate-lease", "minimal-hot":
+		if via != "direct" {
+			return t, fmt.Errorf("arm %s: %s is asked directly only", a.Name, a.Auth)
+		}
+		switch a.Auth {
+		case "rategate-hot":
+			rg(st.rategateHot, st.rgHotAddr, st.adminHotAddr)
+		case "rategate-lease":
+			if st.rategateLease == nil {
+				return t, fmt.Errorf("arm %s needs BENCH_LEASE=1", a.Name)
+			}
+			rg(st.rategateLease, st.rgLeaseAddr, st.adminLeaseAddr)
+		default:
+			mini(st.minimalHot, st.minHotAddr)
+		}
+	default:
+		return t, fmt.Errorf("arm %s: unknown auth service %q", a.Name, a.Auth)
+	}
+	return t, nil
 }
 
 // all is every long-running server of the stack.
 func (st *stack) all() []*proc {
-	return []*proc{st.redis, st.rategate, st.rategateQuiet, st.floor, st.app, st.ngRG, st.ngFloor, st.ngRGQuiet, st.ngFloorQuiet}
+	var ps []*proc
+	for _, p := range []*proc{st.redis, st.rategate, st.rategateQuiet, st.rategateHot, st.rategateLease, st.minimal, st.minimalHot,
+		st.floor, st.app, st.ngRG, st.ngFloor, st.ngMin, st.ngRGQuiet, st.ngFloorQuiet} {
+		if p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
 }
 
-// runScenario alternates floor and rategate runs of sc.
+// runScenario alternates the runs of sc's arms, round after round (floor,
+// rategate, minimal, floor, rategate, minimal, ...), and, for hot-key,
+// redis-benchmark's ceiling after each round.
 func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (scenarioResult, error) {
 	r := scenarioResult{scenario: sc}
+	arms := sc.arms(cfg.Lease)
+	runs := make([][]sample, len(arms))
 	fmt.Printf("\n%s — %s\n", sc.Name, sc.Description)
 	for round := 1; round <= cfg.Rounds; round++ {
-		for _, name := range []string{"floor", "rategate"} {
-			tg := st.target(name, sc.Via, sc.Quiet)
+		for i, a := range arms {
+			tg, err := st.target(a, sc.Via, sc.Quiet)
+			if err != nil {
+				return r, fmt.Errorf("%s: %w", sc.Name, err)
+			}
+			prefix := sc.prefix(a)
 			load := func(ctx context.Context) (loadResult, error) {
-				out, cpu, err := runTimed(ctx, "wrk", wrkArgs(cfg.Threads, cfg.Connections, cfg.Duration, st.script, tg.url, sc.Via, sc.Prefix, sc.Users)...)
+				out, cpu, err := runTimed(ctx, "wrk", wrkArgs(cfg.Threads, cfg.Connections, cfg.Duration, st.script, tg.url, sc.Via, prefix, sc.Users)...)
 				if err != nil {
 					return loadResult{}, err
 				}
@@ -257,9 +455,13 @@ func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (sc
 				return loadResult{wrkResult: w, GenCPU: cpu}, err
 			}
 			var profiled chan error
-			if st.pprof && name == "rategate" && round == 1 && tg.admin != "" {
+			if st.pprof && round == 1 && tg.admin != "" {
+				name := sc.Name
+				if a.Name != "rategate" {
+					name += "-" + a.Name
+				}
 				profiled = make(chan error, 1)
-				go func() { profiled <- st.saveProfile(ctx, tg.admin, sc.Name, cfg.Duration) }()
+				go func() { profiled <- st.saveProfile(ctx, tg.admin, name, cfg.Duration) }()
 			}
 			s, err := st.measure(ctx, tg, round, cfg.Duration+30*time.Second, load)
 			if profiled != nil {
@@ -268,19 +470,81 @@ func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (sc
 				}
 			}
 			if err != nil {
-				return r, fmt.Errorf("%s, %s, round %d: %w", sc.Name, name, round, err)
+				return r, fmt.Errorf("%s, %s, round %d: %w", sc.Name, a.Name, round, err)
 			}
 			fmt.Println("  " + s.line())
-			if name == "floor" {
-				r.Floor = append(r.Floor, s)
-			} else {
-				r.Rategate = append(r.Rategate, s)
+			runs[i] = append(runs[i], s)
+		}
+		if sc.Ceiling {
+			s, err := st.runCeiling(ctx, cfg, round)
+			if err != nil {
+				return r, fmt.Errorf("%s, ceiling, round %d: %w", sc.Name, round, err)
 			}
+			fmt.Println("  " + s.line())
+			r.Ceiling = append(r.Ceiling, s)
 		}
 	}
+	r.setArms(arms, runs)
 	r.summarize()
-	fmt.Printf("  => rategate/floor %.2f (median req/s %.0f / %.0f)\n", r.Ratio, r.RategateMedian.RPS, r.FloorMedian.RPS)
+	fmt.Printf("  => rategate/floor %.2f (median req/s %.0f / %.0f)", r.Ratio, r.RategateMedian.RPS, r.FloorMedian.RPS)
+	for _, o := range r.Others {
+		fmt.Printf("; %s/floor %.2f (%.0f)", o.Name, o.Ratio, o.Median.RPS)
+	}
+	fmt.Println()
 	return r, nil
+}
+
+// ceilingKey is the one key redis-benchmark's ceiling runs hit.
+const ceilingKey = "rgbench-ceiling:{hot-global:}:fw"
+
+// runCeiling measures Redis's own single-key ceiling: redis-benchmark
+// sending EVALSHA of rategate's decide script, one fixed_window check of
+// the hot-key rule on one key, from BENCH_CONNECTIONS clients pipelining 16
+// calls each, about as long as one run.
+func (st *stack) runCeiling(ctx context.Context, cfg settings, round int) (sample, error) {
+	if st.ceilingSHA == "" {
+		sha, err := loadCeilingScript(ctx, st.rdb)
+		if err != nil {
+			return sample{}, err
+		}
+		st.ceilingSHA = sha
+	}
+	host, port, _ := net.SplitHostPort(st.redisAddr)
+	args := func(n int) []string {
+		return append([]string{"-h", host, "-p", port, "-c", strconv.Itoa(cfg.Connections), "-P", "16", "-n", strconv.Itoa(n), "--csv"},
+			ceilingCommand(st.ceilingSHA)...)
+	}
+	if st.ceilingRate == 0 { // a short calibration, not measured
+		out, _, err := runTimed(ctx, "redis-benchmark", args(20000)...)
+		if err != nil {
+			return sample{}, err
+		}
+		w, err := parseRedisBenchmark(out, 20000)
+		if err != nil {
+			return sample{}, err
+		}
+		st.ceilingRate = w.RPS
+	}
+	n := max(int(st.ceilingRate*cfg.Duration.Seconds()), 10000)
+	tg := target{name: "ceiling", via: "direct"}
+	s, err := st.measure(ctx, tg, round, 3*cfg.Duration+30*time.Second, func(ctx context.Context) (loadResult, error) {
+		out, cpu, err := runTimed(ctx, "redis-benchmark", args(n)...)
+		if err != nil {
+			return loadResult{}, err
+		}
+		w, err := parseRedisBenchmark(out, int64(n))
+		return loadResult{wrkResult: w, GenCPU: cpu}, err
+	})
+	if err != nil {
+		return s, err
+	}
+	// redis-benchmark counts error replies as answers: a ceiling of
+	// failed calls would be no ceiling.
+	if s.RedisFailed > 0 || s.RedisCalls["evalsha"] < int64(n) {
+		return s, fmt.Errorf("redis-benchmark: %d EVALSHA calls of %d, %d failed", s.RedisCalls["evalsha"], n, s.RedisFailed)
+	}
+	st.ceilingRate = s.RPS
+	return s, nil
 }
 
 // runLatency is the fixed-rate check: floor and rategate through NGINX at
@@ -288,7 +552,7 @@ func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (sc
 func (st *stack) runLatency(ctx context.Context, cfg settings, done []scenarioResult) (*latencyResult, error) {
 	var rate float64
 	for _, r := range done {
-		if r.Name == "mostly-allowed" {
+		if r.Name == "mostly-allowed" || (r.Name == "vs-minimal" && rate == 0) {
 			rate = r.RategateMedian.RPS / 2
 		}
 	}
@@ -300,14 +564,18 @@ func (st *stack) runLatency(ctx context.Context, cfg settings, done []scenarioRe
 		rate = f
 	}
 	if rate <= 0 {
-		return nil, fmt.Errorf("latency needs mostly-allowed in BENCH_SCENARIOS (its rate is half of that maximum), or BENCH_RATE")
+		return nil, fmt.Errorf("latency needs mostly-allowed (or vs-minimal) in BENCH_SCENARIOS (its rate is half of rategate's maximum there), or BENCH_RATE")
 	}
 	rate = float64(int(rate/100) * 100) // a round number
 	lr := &latencyResult{Rate: rate}
 	fmt.Printf("\n%s — p99 at %.0f req/s (half of rategate's maximum), open loop (bench/openloop), through NGINX\n", latencyScenario, rate)
 	for round := 1; round <= cfg.Rounds; round++ {
-		for _, name := range []string{"floor", "rategate"} {
-			tg := st.target(name, "nginx", false)
+		for _, a := range defaultArms {
+			name := a.Name
+			tg, err := st.target(a, "nginx", false)
+			if err != nil {
+				return nil, err
+			}
 			load := func(ctx context.Context) (loadResult, error) {
 				out, cpu, err := runTimed(ctx, filepath.Join(st.bin, "openloop"),
 					"-addr", strings.TrimPrefix(tg.url, "http://"), "-rate", strconv.FormatFloat(rate, 'f', 0, 64),
@@ -383,29 +651,35 @@ type loadResult struct {
 }
 
 // measure runs load once and records, around it, the CPU time of every
-// process of the stack and of the whole machine, and Redis's command counts.
+// process of the stack and of the whole machine, and what Redis executed
+// (INFO commandstats and stats, reset with CONFIG RESETSTAT just before).
 func (st *stack) measure(ctx context.Context, tg target, round int, limit time.Duration, load func(context.Context) (loadResult, error)) (sample, error) {
 	for _, p := range st.all() {
 		if p.exited() {
 			return sample{}, fmt.Errorf("%s has exited: %s", p.name, tail(p.log, 20))
 		}
 	}
-	before, err := st.cpuSnapshot()
-	if err != nil {
-		return sample{}, err
-	}
-	calls0, reads0, err := redisCalls(ctx, st.rdb)
-	if err != nil {
-		return sample{}, err
-	}
-	undecided0, err := st.undecided(tg.admin)
+	undecided0, err := undecided(tg)
 	if err != nil {
 		return sample{}, err
 	}
 	// New connections NGINX (or wrk, direct) opens to the auth service and the app.
-	authAccepts, appAccepts := countAccepts(tg.auth.pid()), countAccepts(st.app.pid())
-	if authAccepts != nil {
-		time.Sleep(100 * time.Millisecond) // perf attaches
+	var authAccepts, appAccepts *acceptCounter
+	if tg.auth != nil {
+		authAccepts, appAccepts = countAccepts(tg.auth.pid()), countAccepts(st.app.pid())
+		if authAccepts != nil {
+			time.Sleep(100 * time.Millisecond) // perf attaches
+		}
+	}
+	rc, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = st.rdb.ConfigResetStat(rc).Err()
+	cancel()
+	if err != nil {
+		return sample{}, fmt.Errorf("redis CONFIG RESETSTAT: %w", err)
+	}
+	before, err := st.cpuSnapshot()
+	if err != nil {
+		return sample{}, err
 	}
 	busy0, _ := machineBusy()
 	start := time.Now()
@@ -424,18 +698,21 @@ func (st *stack) measure(ctx context.Context, tg target, round int, limit time.D
 	if err != nil {
 		return sample{}, err
 	}
-	calls1, reads1, err := redisCalls(ctx, st.rdb)
+	rs, err := readRedisStats(ctx, st.rdb)
 	if err != nil {
 		return sample{}, err
 	}
-	undecided1, err := st.undecided(tg.admin)
+	undecided1, err := undecided(tg)
 	if err != nil {
 		return sample{}, err
 	}
 
 	s := sample{Target: tg.name, Round: round, WallS: wall, wrkResult: lr.wrkResult, P999MS: lr.P999MS,
-		LateSends: lr.LateSends, Load1: loadAvg()[0], CPU: map[string]float64{}, RedisCalls: map[string]int64{},
-		AuthAccepts: authN, AppAccepts: appN, AuthProc: tg.auth.name}
+		LateSends: lr.LateSends, Load1: loadAvg()[0], CPU: map[string]float64{},
+		AuthAccepts: authN, AppAccepts: appN, AuthProc: "none"}
+	if tg.auth != nil {
+		s.AuthProc = tg.auth.name
+	}
 	if tg.nginx != nil {
 		s.NginxProc = tg.nginx.name
 	}
@@ -446,49 +723,31 @@ func (st *stack) measure(ctx context.Context, tg target, round int, limit time.D
 	}
 	s.CPU["load"] = round3(lr.GenCPU)
 	s.CPU["other"] = round3(max(busy1-busy0-ours, 0))
-	var total int64
-	for k, v := range calls1 {
-		if d := v - calls0[k]; d > 0 {
-			s.RedisCalls[k] = d
-			total += d
-		}
-	}
-	// Each snapshot's own INFO is one call; leave them out.
-	if s.RedisCalls["info"] > 0 {
-		s.RedisCalls["info"]--
-		total--
-	}
-	if s.Requests > 0 {
-		s.RedisPerRequest = float64(total) / float64(s.Requests)
-		s.EvalshaPerRequest = float64(s.RedisCalls["evalsha"]+s.RedisCalls["eval"]) / float64(s.Requests)
-		// The two INFO calls are two of the reads.
-		s.RedisReadsPerRequest = float64(max(reads1-reads0-1, 0)) / float64(s.Requests)
-	}
-	if tg.name == "rategate" {
-		s.Undecided = int64(undecided1 - undecided0)
-	}
+	s.setRedis(rs)
+	s.Undecided = int64(undecided1 - undecided0)
 	return s, nil
 }
 
-// undecided reads rategate_failure_mode_decisions_total (every mode) from
-// rategate's /metrics: requests answered by failure_mode because Redis did
-// not answer within redis.timeout. A run with some flatters rategate.
-func (st *stack) undecided(admin string) (float64, error) {
-	if admin == "" {
+// undecided reads how many requests the auth service answered without a
+// decision: rategate's rategate_failure_mode_decisions_total (every mode;
+// from its admin listener), the minimal limiter's minimal_undecided_total.
+// Redis did not answer within the deadline: a run with some flatters it.
+func undecided(tg target) (float64, error) {
+	if tg.undecidedAddr == "" {
 		return 0, nil
 	}
-	c, err := net.DialTimeout("tcp", admin, time.Second)
+	c, err := net.DialTimeout("tcp", tg.undecidedAddr, time.Second)
 	if err != nil {
-		return 0, fmt.Errorf("rategate admin: %w", err)
+		return 0, fmt.Errorf("%s /metrics: %w", tg.name, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
 	var body bytes.Buffer
 	if _, err := body.ReadFrom(c); err != nil {
-		return 0, fmt.Errorf("rategate /metrics: %w", err)
+		return 0, fmt.Errorf("%s /metrics: %w", tg.name, err)
 	}
-	return sumMetric(body.String(), "rategate_failure_mode_decisions_total")
+	return sumMetric(body.String(), tg.undecidedMetric)
 }
 
 // sumMetric adds up every sample of a Prometheus text family.
@@ -536,17 +795,31 @@ func (st *stack) cpuSnapshot() (map[string]float64, error) {
 	return m, nil
 }
 
-// redisCalls reads INFO commandstats and stats: calls per command, and the
-// read events Redis processed (total_reads_processed: one per network read,
-// however many pipelined commands it carried).
-func redisCalls(ctx context.Context, rdb *redis.Client) (map[string]int64, int64, error) {
+// redisStats is what INFO commandstats and stats say since the last CONFIG
+// RESETSTAT.
+type redisStats struct {
+	// Calls, USec and Failed are calls, microseconds and failed calls per
+	// command ("evalsha", "hmget", "config|resetstat", ...).
+	Calls, USec, Failed map[string]int64
+	// Reads is total_reads_processed: one per network read, however many
+	// pipelined commands it carried.
+	Reads int64
+}
+
+func redisStatsOf(text string) redisStats {
+	calls, usec, failed := parseCommandStats(text)
+	return redisStats{Calls: calls, USec: usec, Failed: failed, Reads: parseInfoInt(text, "total_reads_processed")}
+}
+
+// readRedisStats reads INFO commandstats and stats.
+func readRedisStats(ctx context.Context, rdb *redis.Client) (redisStats, error) {
 	c, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	text, err := rdb.Info(c, "commandstats", "stats").Result()
 	if err != nil {
-		return nil, 0, fmt.Errorf("redis INFO commandstats stats: %w", err)
+		return redisStats{}, fmt.Errorf("redis INFO commandstats stats: %w", err)
 	}
-	return parseCommandStats(text), parseInfoInt(text, "total_reads_processed"), nil
+	return redisStatsOf(text), nil
 }
 
 // parseInfoInt returns the integer field name of an INFO text, 0 if absent.
@@ -560,10 +833,10 @@ func parseInfoInt(text, name string) int64 {
 	return 0
 }
 
-// parseCommandStats turns "cmdstat_evalsha:calls=12,usec=..." lines into
-// {"evalsha": 12}.
-func parseCommandStats(text string) map[string]int64 {
-	m := map[string]int64{}
+// parseCommandStats turns "cmdstat_evalsha:calls=12,usec=340,...,failed_calls=1"
+// lines into {"evalsha": 12}, {"evalsha": 340} and {"evalsha": 1}.
+func parseCommandStats(text string) (calls, usec, failed map[string]int64) {
+	calls, usec, failed = map[string]int64{}, map[string]int64{}, map[string]int64{}
 	sc := bufio.NewScanner(strings.NewReader(text))
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -571,16 +844,26 @@ func parseCommandStats(text string) map[string]int64 {
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
+		name = strings.TrimPrefix(name, "cmdstat_")
 		for _, kv := range strings.Split(rest, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err == nil {
-					m[strings.TrimPrefix(name, "cmdstat_")] = n
+			k, v, _ := strings.Cut(kv, "=")
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				continue
+			}
+			switch k {
+			case "calls":
+				calls[name] = n
+			case "usec":
+				usec[name] = n
+			case "failed_calls":
+				if n > 0 {
+					failed[name] = n
 				}
 			}
 		}
 	}
-	return m
+	return calls, usec, failed
 }
 
 // waitRedis waits until Redis answers PING.
@@ -669,7 +952,10 @@ func (st *stack) logSummary() logInfo {
 			li.Samples = append(li.Samples, who+": "+line)
 		}
 	}
-	for _, p := range []*proc{st.rategate, st.rategateQuiet} {
+	for _, p := range []*proc{st.rategate, st.rategateQuiet, st.rategateHot, st.rategateLease} {
+		if p == nil {
+			continue
+		}
 		b, err := os.ReadFile(p.log)
 		if err != nil {
 			continue
@@ -703,6 +989,23 @@ func (st *stack) logSummary() logInfo {
 	}
 	li.NginxRategateErrorLines, li.NginxRategateDenialLines = count(filepath.Join(st.work, "nginx-rategate", "logs", "error.log"))
 	li.NginxFloorErrorLines, _ = count(filepath.Join(st.work, "nginx-floor", "logs", "error.log"))
+	li.NginxMinimalErrorLines, _ = count(filepath.Join(st.work, "nginx-minimal", "logs", "error.log"))
+	// The minimal limiter writes only when something is wrong.
+	for _, p := range []*proc{st.minimal, st.minimalHot} {
+		if p == nil {
+			continue
+		}
+		if b, err := os.ReadFile(p.log); err == nil {
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				if line != "" {
+					li.MinimalLines++
+					if li.MinimalLines <= 3 {
+						sample(p.name, line)
+					}
+				}
+			}
+		}
+	}
 	for _, d := range []string{"nginx-rategate-quiet", "nginx-floor-quiet"} {
 		n, _ := count(filepath.Join(st.work, d, "logs", "error.log"))
 		li.NginxQuietErrorLines += n

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,4 +154,22 @@ func Ctx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// Freeze stops the server process (SIGSTOP): it keeps its connections and
+// its port, and answers nothing until Thaw, which is how a stalled Redis
+// (a long fork, a long script, DEBUG SLEEP) looks to its clients.
+func (s *Server) Freeze() error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return fmt.Errorf("redis %s is not running", s.Addr)
+	}
+	return s.cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return fmt.Errorf("redis %s is not running", s.Addr)
+	}
+	return s.cmd.Process.Signal(syscall.SIGCONT)
 }

@@ -1,5 +1,0 @@
-//go:build race
-
-package admin
-
-const raceEnabled = true

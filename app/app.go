@@ -1,0 +1,414 @@
+// Package app wires rategate together: it opens the store, builds the
+// limiter with its breaker, local fallback and deny cache, the policy
+// manager, metrics, the decision handler and the admin API, runs the two
+// listeners and the background tasks, and reloads what can be swapped.
+// It is the only package that knows every other one.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rategate/rategate/admin"
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/handler"
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/metrics"
+	"github.com/rategate/rategate/policy"
+	"github.com/rategate/rategate/top"
+)
+
+// Defaults of the listeners.
+const (
+	DefaultListen      = ":8080"
+	DefaultAdminListen = "127.0.0.1:9090"
+)
+
+// shutdownGrace bounds a graceful shutdown: in-flight requests finish
+// within it.
+const shutdownGrace = 20 * time.Second
+
+// Options are what the command line and environment say, on top of the
+// config file (they win over it).
+type Options struct {
+	// ConfigPath is the config file; "" when running the built-in policy
+	// (reload then answers admin.ErrNoConfigFile).
+	ConfigPath string
+	// Listen, AdminListen and RedisURL win over the file when set.
+	Listen, AdminListen, RedisURL string
+	// AdminToken (RATEGATE_ADMIN_TOKEN) wins over admin.token when set.
+	AdminToken string
+	// LogLevelFixed says the log level came from a flag or the
+	// environment: the file's log_level is then not a reload question.
+	LogLevelFixed bool
+	// Watch reloads the config file when its content changes.
+	Watch bool
+	// Pprof serves Go profiles on the admin listener.
+	Pprof bool
+	// Version is rategate's version (rategate_build_info, -version).
+	Version string
+	Log     zerolog.Logger
+}
+
+// App is one rategate process.
+type App struct {
+	opts Options
+	log  zerolog.Logger
+
+	cfgMu sync.Mutex // serializes reloads; guards cfg
+	cfg   *config.Config
+
+	redis    *limits.RedisStore // nil on the memory store
+	store    limits.Store
+	local    *limits.MemoryStore // the local fallback (Redis only)
+	breaker  *limits.Breaker
+	limiter  *limits.Limiter
+	metrics  *metrics.Metrics
+	rules    *policy.Manager
+	top      *top.Top
+	observer observer
+	handler  atomic.Pointer[handler.Handler]
+	admin    *admin.Server
+	resets   *limits.RedisResets // nil without a deny cache
+
+	bg     context.Context
+	stopBG context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New builds a rategate from a loaded configuration. It connects to Redis
+// (without waiting for it: a Redis that is down is answered by the failure
+// mode until it is up) and starts the background tasks, but does not
+// listen: Run does. Close releases everything.
+func New(cfg *config.Config, opts Options) (*App, error) {
+	a := &App{opts: opts, log: opts.Log, cfg: cfg}
+	if opts.AdminToken != "" {
+		cfg.Admin.Token = opts.AdminToken
+	}
+	a.bg, a.stopBG = context.WithCancel(context.Background())
+
+	store, rs, err := openStore(cfg, opts.RedisURL, a.log)
+	if err != nil {
+		a.stopBG()
+		return nil, err
+	}
+	a.store, a.redis = store, rs
+
+	kind := metrics.ErrorKindFunc(nil)
+	if rs != nil {
+		kind = limits.RedisErrorKind
+	}
+	a.metrics = metrics.New(metrics.Options{ErrorKind: kind})
+	if opts.Version != "" {
+		a.metrics.SetVersion(opts.Version)
+	}
+	a.top = top.New()
+
+	lo := limits.Options{
+		Store:       store,
+		Prefix:      cfg.Redis.KeyPrefix,
+		Rules:       cfg.Rules,
+		FailureMode: cfg.FailureMode,
+		LocalShare:  cfg.LocalShare,
+		Observer:    a.metrics,
+	}
+	var overrides policy.OverrideStore = policy.NewMemoryOverrides()
+	var clamper limits.GCRAClamper
+	if rs != nil {
+		a.wireRedis(cfg, rs, &lo)
+		overrides = limits.NewRedisOverrides(rs.Client(), cfg.Redis.KeyPrefix)
+		clamper = rs
+	} else {
+		mem := store.(*limits.MemoryStore)
+		lo.Inspector = mem
+		clamper = mem
+	}
+	a.limiter = limits.New(lo)
+	if lo.DenyCache != nil {
+		a.metrics.ObserveDenyCache(lo.DenyCache)
+	}
+
+	a.rules = policy.NewManager(policy.ManagerOptions{
+		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Clamper: clamper, Log: a.log,
+	})
+	a.goBG(a.rules.Run)
+
+	a.observer = observer{metrics: a.metrics, top: a.top}
+	a.handler.Store(a.newHandler(cfg))
+	var reloader admin.Reloader
+	if opts.ConfigPath != "" {
+		reloader = a
+	}
+	a.admin = admin.NewServer(admin.ServerOptions{
+		Token: cfg.Admin.Token, Rules: a.rules, Limiter: a.limiter, Reloader: reloader,
+		Metrics: a.metrics, Top: a.top, Log: a.log, Pprof: opts.Pprof,
+	})
+
+	if opts.Watch {
+		if opts.ConfigPath == "" {
+			a.log.Warn().Msg("-watch ignored: no config file in use")
+		} else if err := policy.Watch(a.bg, opts.ConfigPath, a.log, func() { a.Reload("file watch") }); err != nil {
+			a.log.Error().Err(err).Msg("cannot watch the config file; reload with SIGHUP or POST /v1/reload")
+		} else {
+			a.log.Info().Str("config", opts.ConfigPath).Msg("watching the config file: changes are reloaded")
+		}
+	}
+	return a, nil
+}
+
+// wireRedis adds what a shared Redis store needs to the limiter's options:
+// the breaker, the local fallback, the deny cache (not on a cluster), and
+// the background tasks and metrics that go with them.
+func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Options) {
+	m := a.metrics
+	// A dead or frozen Redis must cost a request microseconds, not
+	// redis.timeout: after consecutive failures the breaker answers at
+	// once (failure_mode decides) and probes Redis in the background.
+	a.breaker = limits.NewBreaker(rs.Ping, rs.Name(), limits.BreakerOptions{
+		ProbeTimeout: cfg.Redis.Timeout, IsFailure: limits.IsStoreFailure, Logger: a.log,
+	})
+	m.AddGaugeFunc("rategate_store_breaker_state",
+		"Circuit breaker in front of Redis: 0 closed (deciding), 1 open (failure_mode answers), 2 half-open (trying).",
+		func() float64 { return float64(a.breaker.State()) })
+	lo.Breaker = a.breaker
+	// The fallback decides a request the store could not: always when
+	// one decision fails while Redis is up, and while it is down when
+	// failure_mode is local.
+	a.local = limits.NewMemoryStore()
+	lo.Fallback = a.local
+	lo.Inspector = rs
+
+	if _, on := rs.Coalescing(); on {
+		stat := func(f func(limits.CoalesceStats) uint64) func() float64 {
+			return func() float64 { st, _ := rs.Coalescing(); return float64(f(st)) }
+		}
+		m.AddCounterFunc("rategate_redis_pipelines_total",
+			"Pipelines sent to Redis; rategate_redis_pipelined_calls_total / this = decisions per round trip.",
+			stat(func(st limits.CoalesceStats) uint64 { return st.Pipelines }))
+		m.AddCounterFunc("rategate_redis_pipelined_calls_total",
+			"Script runs (decisions, or a cluster decision's slots) sent in pipelines.",
+			stat(func(st limits.CoalesceStats) uint64 { return st.Calls }))
+		m.AddCounterFunc("rategate_redis_pipeline_expired_total",
+			"Script runs not sent because their decision's deadline passed while queued.",
+			stat(func(st limits.CoalesceStats) uint64 { return st.Expired }))
+	}
+
+	m.AddCounterFuncs("rategate_redis_refunds_total", "result", func() []metrics.LabeledValue {
+		r := rs.Refunds()
+		return []metrics.LabeledValue{{Label: "in_request", Value: float64(r.Refunded)},
+			{Label: "background", Value: float64(r.Late)}, {Label: "lost", Value: float64(r.Lost)}}
+	})
+	m.AddCounterFuncs("rategate_redis_abandoned_decisions_total", "outcome", func() []metrics.LabeledValue {
+		l := rs.Late()
+		return []metrics.LabeledValue{{Label: "refunded", Value: float64(l.Refunded)},
+			{Label: "clean", Value: float64(l.Clean)}, {Label: "unknown", Value: float64(l.Unknown)}}
+	})
+
+	// Identities Redis denied are answered here until their retry time.
+	// Not on a cluster: a cross-slot refund lands one round trip after a
+	// denial another request saw, so that denial's retry can be too late.
+	switch {
+	case !cfg.DenyCache.Enabled:
+	case rs.Topology() == limits.Cluster:
+		a.log.Info().Msg("deny cache off on Redis Cluster: a cross-slot refund can make an earlier denial's retry time too late, so a cached denial would not be exact")
+	default:
+		dc := limits.NewDenyCache(cfg.DenyCache.MaxEntries)
+		lo.DenyCache = dc
+		// A key reset on any instance (DELETE /v1/keys/...) reaches every
+		// instance's cache through pub/sub.
+		a.resets = limits.NewRedisResets(rs.Client(), cfg.Redis.KeyPrefix, dc, a.log)
+		a.goBG(a.resets.Run)
+	}
+
+	a.top.SetShared(limits.NewRedisTop(rs.Client(), cfg.Redis.KeyPrefix))
+	a.goBG(func(ctx context.Context) { a.top.RunPublisher(ctx, m.TopPublishFailed) })
+	a.goBG(func(ctx context.Context) {
+		rs.PollInfo(ctx, 5*time.Second, time.Second, func(info limits.RedisInfo, err error) {
+			if err != nil {
+				m.RedisDown()
+				return
+			}
+			m.SetRedisInfo(metrics.RedisInfo(info))
+		})
+	})
+}
+
+// newHandler builds the decision handler for cfg's identity settings and
+// deny status. Reload builds a new one when those change and swaps it in.
+func (a *App) newHandler(cfg *config.Config) *handler.Handler {
+	id := cfg.Identity
+	return handler.New(a.limiter, a.limiter, handler.Options{
+		UserHeader:     id.UserHeader,
+		IPHeader:       id.IPHeader,
+		URIHeader:      id.URIHeader,
+		URLHeader:      id.URLHeader,
+		MethodHeader:   id.MethodHeader,
+		HostHeader:     id.HostHeader,
+		TrustedProxies: id.TrustedProxies,
+		CostHeader:     id.CostHeader,
+		MaxCost:        id.MaxCost,
+		IPv6Prefix:     id.IPv6Prefix,
+		DenyStatus:     cfg.DenyStatus,
+		Timeout:        cfg.Redis.Timeout,
+		Logger:         a.log,
+		Observer:       a.observer,
+
+		// NGINX's $request_id, quoted in denial log lines.
+		RequestIDHeader: id.RequestIDHeader,
+	})
+}
+
+// goBG runs f until the app closes.
+func (a *App) goBG(f func(ctx context.Context)) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f(a.bg)
+	}()
+}
+
+// Handler is the main listener's handler: /auth, /healthz, /readyz.
+func (a *App) Handler() fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) { a.handler.Load().Serve(ctx) }
+}
+
+// AdminHandler is the admin listener's handler.
+func (a *App) AdminHandler() fasthttp.RequestHandler { return a.admin.Serve }
+
+// Limiter returns the limiter (tests and benchmarks).
+func (a *App) Limiter() *limits.Limiter { return a.limiter }
+
+// Rules returns the policy manager (tests).
+func (a *App) Rules() *policy.Manager { return a.rules }
+
+// Top returns the top-denied sketch (tests).
+func (a *App) Top() *top.Top { return a.top }
+
+// Metrics returns the metrics (tests and benchmarks).
+func (a *App) Metrics() *metrics.Metrics { return a.metrics }
+
+// StoreName describes the shared store.
+func (a *App) StoreName() string { return a.store.Name() }
+
+// Run listens on the main and admin addresses and serves until ctx ends,
+// then stops accepting, finishes in-flight requests (within 20 s) and
+// returns. ready, when not nil, is called with both addresses once they
+// listen.
+func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
+	cfg := a.config()
+	listen := firstSet(a.opts.Listen, cfg.Listen, DefaultListen)
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", listen, err)
+	}
+	adminAddr := firstSet(a.opts.AdminListen, cfg.Admin.Listen, DefaultAdminListen)
+	adminLn, err := net.Listen("tcp", adminAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("listen for the admin API on %s: %w", adminAddr, err)
+	}
+	if cfg.Admin.Token == "" && !isLoopback(adminLn.Addr()) {
+		// Overrides, resets and reloads from anyone who can reach the
+		// port: refuse rather than warn.
+		ln.Close()
+		adminLn.Close()
+		return fmt.Errorf("%w: the admin API on %s would be reachable beyond this host without a token: set admin.token (or RATEGATE_ADMIN_TOKEN), or listen on 127.0.0.1", ErrUnsafe, adminLn.Addr())
+	}
+	// Timeouts, head size and connection limits against slow or hostile
+	// clients; see handler.NewServer.
+	srv := handler.NewServer(a.handler.Load(), handler.ServerOptions{Logger: a.log})
+	srv.Handler = a.Handler()
+	adminSrv := &fasthttp.Server{
+		Handler:               a.AdminHandler(),
+		Name:                  "rategate-admin",
+		ReadTimeout:           10 * time.Second,
+		WriteTimeout:          30 * time.Second,
+		IdleTimeout:           120 * time.Second,
+		MaxRequestBodySize:    64 << 10,
+		NoDefaultServerHeader: true,
+		Logger:                fasthttpLogger{a.log},
+	}
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- adminSrv.Serve(adminLn) }()
+	a.log.Info().Str("admin_listen", adminLn.Addr().String()).Bool("admin_token", cfg.Admin.Token != "").
+		Msg("admin API ready: /metrics, /v1/rules, /v1/reload, /v1/keys/{rule}, /v1/top")
+	a.log.Info().Str("listen", ln.Addr().String()).Str("store", a.store.Name()).
+		Msgf("rategate ready; try: curl -i -H 'X-Original-URI: /login' -H 'X-Original-Method: POST' -H 'X-Real-IP: 203.0.113.7' http://%s/auth", dialAddr(ln.Addr()))
+	if ready != nil {
+		ready(ln.Addr(), adminLn.Addr())
+	}
+
+	select {
+	case err := <-serveErr:
+		srv.Shutdown()
+		adminSrv.Shutdown()
+		return fmt.Errorf("listener stopped: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	err = srv.ShutdownWithContext(sctx)
+	if aerr := adminSrv.ShutdownWithContext(sctx); err == nil {
+		err = aerr
+	}
+	if err != nil {
+		return fmt.Errorf("shutdown did not finish in time: %w", err)
+	}
+	return nil
+}
+
+// ErrUnsafe is Run's error for a configuration it refuses to serve.
+var ErrUnsafe = errors.New("unsafe configuration")
+
+// Close stops the background tasks and closes the stores.
+func (a *App) Close() {
+	a.stopBG()
+	a.wg.Wait()
+	if a.breaker != nil {
+		a.breaker.Close()
+	}
+	if a.local != nil {
+		a.local.Close()
+	}
+	a.store.Close()
+}
+
+// config returns the configuration in force.
+func (a *App) config() *config.Config {
+	a.cfgMu.Lock()
+	defer a.cfgMu.Unlock()
+	return a.cfg
+}
+
+// isLoopback reports whether a listener only accepts connections from this host.
+func isLoopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
+}
+
+// firstSet returns the first non-empty value: flag/env, then file, then default.
+func firstSet(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// dialAddr turns a listen address like [::]:8080 into one curl can use.
+func dialAddr(a net.Addr) string {
+	if t, ok := a.(*net.TCPAddr); ok && t.IP.IsUnspecified() {
+		return fmt.Sprintf("127.0.0.1:%d", t.Port)
+	}
+	return a.String()
+}

@@ -1,0 +1,323 @@
+package app
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/rategate/rategate/admin"
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/handler"
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/metrics"
+	"github.com/rategate/rategate/policy"
+	"github.com/rategate/rategate/top"
+)
+
+const denyYAML = `rules:
+  - name: per-ip
+    key: [ip]
+    algorithm: fixed_window
+    limit: 1
+    period: 1h
+`
+
+// dcInstance is one rategate instance over a shared Redis, wired by New
+// (so with a deny cache).
+type dcInstance struct {
+	app     *App
+	limiter *limits.Limiter
+	cache   *limits.DenyCache
+	admin   *fasthttp.HostClient
+}
+
+func newDCInstance(t *testing.T, srv *testredis.Server, prefix string) *dcInstance {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Redis.URL = "redis://" + srv.Addr + "/0"
+	cfg.Redis.KeyPrefix = prefix
+	a, err := New(cfg, Options{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	select {
+	case <-a.resets.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no subscription to the reset channel within 10 s")
+	}
+	l := a.Limiter()
+	if l.DenyCache() == nil {
+		t.Fatal("no deny cache on a single Redis")
+	}
+	return &dcInstance{app: a, limiter: l, cache: l.DenyCache(), admin: serveOn(t, a.AdminHandler())}
+}
+
+func (in *dcInstance) decide(t *testing.T, ip string) limits.Decision {
+	t.Helper()
+	var d limits.Decision
+	if err := in.limiter.Decide(context.Background(), &limits.Request{IP: []byte(ip)}, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// waitEmpty waits (bounded, generously) until c holds no entry.
+func waitEmpty(t *testing.T, c *limits.DenyCache, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the deny cache still holds %d entries after 10 s", what, c.Len())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestDenyCacheResetBroadcast: a key reset through one instance's admin API
+// makes every instance forget its cached denial of that key.
+func TestDenyCacheResetBroadcast(t *testing.T) {
+	srv := testredis.Start(t)
+	prefix := uniquePrefix(t)
+	a, b := newDCInstance(t, srv, prefix), newDCInstance(t, srv, prefix)
+	const ip = "192.0.2.7"
+
+	if d := a.decide(t, ip); !d.Admitted {
+		t.Fatalf("first request denied: %+v", d.Verdicts)
+	}
+	for _, in := range []*dcInstance{a, b} {
+		if d := in.decide(t, ip); d.Admitted || d.Cached {
+			t.Fatalf("second request: admitted=%v cached=%v, want a store denial", d.Admitted, d.Cached)
+		}
+		if d := in.decide(t, ip); !d.Cached {
+			t.Fatalf("third request not answered by the cache")
+		}
+	}
+	// Another identity's entry stays: a reset forgets one key only.
+	b.decide(t, "192.0.2.8")
+	b.decide(t, "192.0.2.8")
+
+	if code, body := call(t, a.admin, "DELETE", "/v1/keys/per-ip?ip="+ip, ""); code != 200 {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+	if d := a.decide(t, ip); !d.Admitted || d.Cached {
+		t.Fatalf("instance A right after the reset: admitted=%v cached=%v, want admitted by the store", d.Admitted, d.Cached)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.cache.Len() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("instance B still holds %d entries 10 s after the reset, want 1 (the other identity)", b.cache.Len())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := b.decide(t, ip); d.Cached {
+		t.Fatal("instance B answered the reset identity from its cache")
+	}
+	if d := b.decide(t, "192.0.2.8"); !d.Cached {
+		t.Fatal("instance B forgot an identity nobody reset")
+	}
+}
+
+// TestDenyCacheResubscribeClears: an instance whose subscription broke may
+// have missed resets, so it clears its cache when it is subscribed again.
+func TestDenyCacheResubscribeClears(t *testing.T) {
+	srv := testredis.Start(t)
+	in := newDCInstance(t, srv, uniquePrefix(t))
+	in.decide(t, "192.0.2.7")
+	in.decide(t, "192.0.2.7")
+	if in.cache.Len() != 1 {
+		t.Fatalf("Len %d, want 1", in.cache.Len())
+	}
+	if err := srv.Client(t).ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitEmpty(t, in.cache, "after the subscription was killed")
+}
+
+// clampGate is a memory store that can cap gcra TATs, slowly: ClampGCRA
+// waits for release, and caps nothing (what matters is when it ends).
+type clampGate struct {
+	*limits.MemoryStore
+	entered, release chan struct{}
+}
+
+func (g *clampGate) ClampGCRA(ctx context.Context, prefix string, r *limits.Rule) (int, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	return 0, nil
+}
+
+// TestDenyCacheClearedAfterClamp: a gcra tolerance that shrinks caps the
+// stored TATs after the rules swap; denials cached meanwhile are cleared
+// once the clamp is done.
+func TestDenyCacheClearedAfterClamp(t *testing.T) {
+	cfg, err := config.Parse("test.yaml", []byte(`rules:
+  - name: login
+    key: [ip]
+    algorithm: gcra
+    limit: 1
+    period: 1h
+    burst: 1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := limits.NewMemoryStore()
+	defer mem.Close()
+	g := &clampGate{MemoryStore: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	c := limits.NewDenyCache(100)
+	l := limits.New(limits.Options{Store: g, Prefix: "rg", Rules: cfg.Rules, DenyCache: c})
+	mgr := policy.NewManager(policy.ManagerOptions{Config: cfg, Limiter: l, Clamper: g, Log: zerolog.Nop()})
+	ask := func() limits.Decision {
+		var d limits.Decision
+		if err := l.Decide(context.Background(), &limits.Request{IP: []byte("192.0.2.7")}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	ask()
+	ask()
+	if c.Len() != 1 {
+		t.Fatalf("Len %d, want 1", c.Len())
+	}
+	if _, err := mgr.SetOverride(context.Background(), "login", []byte(`{"period":"1m"}`)); err != nil {
+		t.Fatal(err)
+	}
+	<-g.entered
+	if c.Len() != 0 {
+		t.Fatalf("Len %d after the override, want 0", c.Len())
+	}
+	// Decided against the TAT the clamp has not capped yet: cached again.
+	if d := ask(); d.Admitted || d.Cached || c.Len() != 1 {
+		t.Fatalf("during the clamp: admitted=%v cached=%v Len %d, want a store denial, cached", d.Admitted, d.Cached, c.Len())
+	}
+	close(g.release)
+	mgr.WaitClamps()
+	if c.Len() != 0 {
+		t.Fatalf("Len %d after the clamp, want 0", c.Len())
+	}
+}
+
+// TestDenyCacheMetrics: denials answered from the cache are counted as
+// limited and as cached per rule, never reach the store, and the cache's
+// size is exported, all on the admin listener's /metrics.
+func TestDenyCacheMetrics(t *testing.T) {
+	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The parts New wires for Redis, over a memory store: a limiter with a
+	// deny cache and the metrics as its store observer.
+	m := metrics.New()
+	mem := limits.NewMemoryStore()
+	defer mem.Close()
+	c := limits.NewDenyCache(1000)
+	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})
+	m.ObserveDenyCache(c)
+	mgr := policy.NewManager(policy.ManagerOptions{Config: cfg, Limiter: l, Metrics: m, Log: zerolog.Nop()})
+	h := handler.New(l, l, handler.Options{Observer: observer{metrics: m, top: top.New()}})
+	auth := serveOn(t, h.Serve)
+	adminSrv := serveOn(t, admin.NewServer(admin.ServerOptions{Rules: mgr, Limiter: l, Metrics: m, Log: zerolog.Nop()}).Serve)
+
+	ask := func(ip string) *fasthttp.Response {
+		req, resp := fasthttp.AcquireRequest(), &fasthttp.Response{}
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + auth.Addr + "/auth")
+		req.Header.Set("X-Original-URI", "/a")
+		req.Header.Set("X-Real-IP", ip)
+		if err := auth.DoTimeout(req, resp, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for i, want := range []int{204, 429, 429, 429} {
+		resp := ask("192.0.2.7")
+		if resp.StatusCode() != want {
+			t.Fatalf("request %d: %d, want %d", i+1, resp.StatusCode(), want)
+		}
+		if want == 429 {
+			// A cached denial answers like the store's: rule and Retry-After.
+			if r := string(resp.Header.Peek("X-RateLimit-Rule")); r != "per-ip" {
+				t.Fatalf("request %d: X-RateLimit-Rule %q", i+1, r)
+			}
+			if ra := string(resp.Header.Peek("Retry-After")); ra == "" || ra == "0" {
+				t.Fatalf("request %d: Retry-After %q", i+1, ra)
+			}
+		}
+	}
+	ask("192.0.2.8")
+	ask("192.0.2.8")
+
+	_, body := call(t, adminSrv, "GET", "/metrics", "")
+	for _, want := range []string{
+		`rategate_deny_cache_decisions_total{rule="per-ip"} 2`,
+		`rategate_decisions_total{rule="per-ip",decision="limited"} 4`,
+		`rategate_decisions_total{rule="per-ip",decision="allowed"} 2`,
+		`rategate_deny_cache_entries 2`,
+		`rategate_deny_cache_evictions_total 0`,
+		`rategate_requests_total{outcome="limited"} 4`,
+		// 6 requests, 2 answered from the cache: 4 store decisions.
+		`rategate_store_duration_seconds_count{op="decide"} 4`,
+	} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	for _, fam := range []string{"rategate_deny_cache_decisions_total counter", "rategate_deny_cache_entries gauge", "rategate_deny_cache_evictions_total counter"} {
+		if !strings.Contains(body, "# TYPE "+fam+"\n") {
+			t.Errorf("/metrics lacks # TYPE %s", fam)
+		}
+	}
+	if t.Failed() {
+		t.Logf("metrics:\n%s", regexp.MustCompile(`(?m)^rategate_(deny_cache|decisions|store_duration_seconds_count).*$`).FindAllString(body, -1))
+	}
+}
+
+// TestDenyCacheObservedAllocs: observing a denial answered from the cache
+// (metrics and the top sketch) allocates nothing, and neither does the
+// cached decision itself.
+func TestDenyCacheObservedAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under -race")
+	}
+	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New()
+	mem := limits.NewMemoryStore()
+	defer mem.Close()
+	c := limits.NewDenyCache(100)
+	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})
+	m.ObserveDenyCache(c)
+	m.SetRules([]metrics.RuleInfo{{Name: "per-ip"}})
+	obs := observer{metrics: m, top: top.New()}
+	req := &limits.Request{IP: []byte("192.0.2.7")}
+	var d limits.Decision
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if err := l.Decide(ctx, req, &d); err != nil {
+			t.Fatal(err)
+		}
+		obs.Decided(&d, time.Millisecond)
+	}
+	if !d.Cached {
+		t.Fatal("third request not answered by the cache")
+	}
+	n := testing.AllocsPerRun(1000, func() {
+		_ = l.Decide(ctx, req, &d)
+		obs.Decided(&d, time.Millisecond)
+	})
+	if n != 0 {
+		t.Errorf("a cached denial, decided and observed, allocates %v, want 0", n)
+	}
+}

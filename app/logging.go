@@ -1,0 +1,32 @@
+package app
+
+import (
+	"context"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// RedisLogger routes go-redis's own messages (failed dials, pool events)
+// into the log as sampled warnings, instead of one unstructured stderr line
+// per failed request while Redis is down. Install it with redis.SetLogger.
+type RedisLogger struct{ log zerolog.Logger }
+
+// NewRedisLogger returns a RedisLogger writing at most one line every 10 s.
+func NewRedisLogger(log zerolog.Logger) RedisLogger {
+	return RedisLogger{log.Sample(&zerolog.BurstSampler{Burst: 1, Period: 10 * time.Second})}
+}
+
+// Printf implements go-redis's logging interface.
+func (l RedisLogger) Printf(_ context.Context, format string, args ...any) {
+	l.log.Warn().Str("component", "go-redis").Msgf(format, args...)
+}
+
+// fasthttpLogger routes the admin server's fasthttp messages (e.g.
+// malformed requests) to zerolog at debug level: they are about clients,
+// not about rategate.
+type fasthttpLogger struct{ log zerolog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Debug().Msgf(format, args...)
+}

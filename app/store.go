@@ -1,0 +1,93 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits"
+)
+
+// openStore connects to Redis when a URL, cluster or sentinel is configured
+// (redisURL, from -redis or RATEGATE_REDIS_URL, wins over the file), else
+// returns the in-memory store and says so. The Redis store is returned
+// twice: as the store, and as itself for what only Redis has (nil on the
+// memory store).
+func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, *limits.RedisStore, error) {
+	rc := cfg.Redis
+	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password, Coalesce: limits.CoalesceOptions{
+		Disabled:  !rc.Coalesce.Enabled,
+		Pipelines: rc.Coalesce.Pipelines,
+		MaxBatch:  rc.Coalesce.MaxBatch,
+		Wait:      rc.Coalesce.Wait,
+	}}
+	tlsConf, err := redisTLS(rc.TLS)
+	if err != nil {
+		return nil, nil, err
+	}
+	o.TLS = tlsConf
+	switch {
+	case redisURL != "" || rc.URL != "":
+		// redis://host:port/db, or go-redis's cluster (?addr=) and
+		// Sentinel (?master_name=) URL forms.
+		o.URL = firstSet(redisURL, rc.URL)
+	case len(rc.ClusterAddrs) > 0:
+		o.ClusterAddrs = rc.ClusterAddrs
+	case rc.Sentinel.Master != "":
+		o.SentinelMaster, o.SentinelAddrs = rc.Sentinel.Master, rc.Sentinel.Addrs
+		o.SentinelUsername, o.SentinelPassword = rc.Sentinel.Username, rc.Sentinel.Password
+	default:
+		log.Info().Msg("no Redis configured: using the embedded in-memory store (limits are per process; set -redis redis://host:6379/0 to share them)")
+		return limits.NewMemoryStore(), nil, nil
+	}
+	store, err := limits.OpenRedis(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := store.Ping(ctx); err != nil {
+		log.Warn().Err(err).Str("store", store.Name()).Str("topology", string(store.Topology())).Str("failure_mode", cfg.FailureMode.String()).
+			Msg("Redis does not answer yet; serving by failure_mode until it does")
+	} else {
+		// Load the scripts everywhere now, so the first decisions fit redis.timeout.
+		if err := store.Warm(ctx); err != nil {
+			log.Warn().Err(err).Str("store", store.Name()).Msg("could not preload the scripts; the first decisions will load them")
+		}
+		log.Info().Str("store", store.Name()).Str("topology", string(store.Topology())).Msg("connected to Redis")
+	}
+	return store, store, nil
+}
+
+// redisTLS builds the TLS settings of redis.tls, or nil when it is off.
+// Errors name the field whose file could not be used.
+func redisTLS(t config.TLS) (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis.tls.ca_file: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis.tls.ca_file: no PEM certificate in %q", t.CAFile)
+		}
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis.tls.cert_file/key_file: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}

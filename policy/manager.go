@@ -1,0 +1,503 @@
+// Package policy owns the rules in force at run time: the config file's
+// rules with the runtime overrides applied, kept in sync across instances
+// through a shared override store, and swapped into the limiter at once on
+// every change. It also watches the config file.
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/metrics"
+)
+
+// DefaultSyncEvery is how often a Manager re-reads the overrides as a safety
+// net under pub/sub: half the one-second promise, so an instance that missed
+// an announcement still applies a change within a second.
+const DefaultSyncEvery = 500 * time.Millisecond
+
+// ErrUnknownRule is returned for a rule name that is not in the config file.
+var ErrUnknownRule = errors.New("no such rule")
+
+// Manager owns the rules in force: the config file's rules with the runtime
+// overrides applied. Every change (reload, override set, deleted, expired or
+// heard from another instance) computes the whole new rule set and swaps it
+// into the limiter at once, so no request sees half of the old rules and
+// half of the new ones.
+type Manager struct {
+	limiter   *limits.Limiter
+	metrics   Observer
+	log       zerolog.Logger
+	store     OverrideStore
+	clamper   limits.GCRAClamper
+	syncEvery time.Duration
+	now       func() time.Time
+
+	clamps sync.WaitGroup
+
+	mu       sync.Mutex // guards everything below
+	file     []*limits.Rule
+	source   string
+	loadedAt time.Time
+	raw      map[string]string   // overrides as last read or written
+	ovs      map[string]Override // raw, decoded
+	bad      map[string]string   // rule → why its stored override is unreadable
+	gen      uint64              // bumped by every local override change
+	nextExp  time.Time           // earliest expiry of an active override
+
+	view atomic.Pointer[RulesView]
+}
+
+// Observer receives what the manager does, for metrics; *metrics.Metrics
+// implements it.
+type Observer interface {
+	// SetRules is told the effective rules after every change.
+	SetRules([]metrics.RuleInfo)
+	// OverrideSyncFailed counts a failed read of the shared overrides.
+	OverrideSyncFailed()
+}
+
+// ManagerOptions configures NewManager.
+type ManagerOptions struct {
+	// Config is the configuration loaded at start (its rules and source).
+	Config *config.Config
+	// Limiter receives the effective rules.
+	Limiter *limits.Limiter
+	// Metrics, when set, receives the rule gauges and sync failures.
+	Metrics Observer
+	// Overrides stores the runtime overrides (the Redis store's, or
+	// MemoryOverrides).
+	Overrides OverrideStore
+	// Clamper, when set, caps the stored state of gcra keys whose rule's
+	// tolerance shrank (the store's ClampGCRA).
+	Clamper limits.GCRAClamper
+	Log     zerolog.Logger
+	// SyncEvery is the periodic re-read of the overrides (DefaultSyncEvery).
+	SyncEvery time.Duration
+}
+
+// NewManager returns a manager enforcing opts.Config's rules and reads the
+// stored overrides once (bounded by two seconds); if the store does not
+// answer, the file's rules apply until Run's next re-read succeeds.
+func NewManager(opts ManagerOptions) *Manager {
+	m := &Manager{
+		limiter:   opts.Limiter,
+		metrics:   opts.Metrics,
+		log:       opts.Log,
+		store:     opts.Overrides,
+		clamper:   opts.Clamper,
+		syncEvery: opts.SyncEvery,
+		now:       time.Now,
+		file:      opts.Config.Rules,
+		source:    opts.Config.Source,
+		loadedAt:  time.Now(),
+		raw:       map[string]string{},
+		ovs:       map[string]Override{},
+		bad:       map[string]string{},
+	}
+	if m.syncEvery <= 0 {
+		m.syncEvery = DefaultSyncEvery
+	}
+	if m.store == nil {
+		m.store = NewMemoryOverrides()
+	}
+	m.mu.Lock()
+	m.apply()
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := m.Sync(ctx); err != nil {
+		m.log.Warn().Err(err).Msg("cannot read the runtime overrides yet; enforcing the file's rules until the store answers")
+	}
+	return m
+}
+
+// Run keeps the overrides in sync until ctx ends: on every announcement from
+// another instance and every SyncEvery. It also retires expired overrides.
+func (m *Manager) Run(ctx context.Context) {
+	watch := m.store.Watch(ctx)
+	t := time.NewTicker(m.syncEvery)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-watch:
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := m.Sync(sctx)
+		cancel()
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			m.log.Warn().Err(err).Msg("cannot re-read the runtime overrides; keeping the ones in force")
+			failing = true
+		case err == nil && failing:
+			m.log.Info().Msg("runtime overrides readable again")
+			failing = false
+		}
+		m.retireExpired(ctx)
+	}
+}
+
+// Sync reads the overrides from the store and applies them if they changed
+// (or one expired).
+func (m *Manager) Sync(ctx context.Context) error {
+	m.mu.Lock()
+	gen := m.gen
+	m.mu.Unlock()
+	raw, err := m.store.Load(ctx)
+	if err != nil {
+		if m.metrics != nil {
+			m.metrics.OverrideSyncFailed()
+		}
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if gen != m.gen {
+		// A local change raced this read; the next read will see it.
+		return nil
+	}
+	expiredNow := !m.nextExp.IsZero() && !m.now().Before(m.nextExp)
+	if maps.Equal(raw, m.raw) && !expiredNow {
+		return nil
+	}
+	m.raw = raw
+	m.ovs = make(map[string]Override, len(raw))
+	m.bad = map[string]string{}
+	for name, v := range raw {
+		var o Override
+		if err := json.Unmarshal([]byte(v), &o); err != nil {
+			m.bad[name] = fmt.Sprintf("stored override is not valid JSON (%v): delete it and set it again", err)
+			continue
+		}
+		m.ovs[name] = o
+	}
+	m.apply()
+	return nil
+}
+
+// retireExpired deletes expired overrides from the store. Every instance
+// may do it; deleting twice is harmless.
+func (m *Manager) retireExpired(ctx context.Context) {
+	now := m.now()
+	var gone []string
+	m.mu.Lock()
+	for name, o := range m.ovs {
+		if o.expired(now) {
+			gone = append(gone, name)
+		}
+	}
+	m.mu.Unlock()
+	for _, name := range gone {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		if err := m.store.Delete(dctx, name); err == nil {
+			m.log.Info().Str("rule", name).Msg("runtime override expired; the file's values apply again")
+		}
+		cancel()
+	}
+}
+
+// apply computes the effective rules and swaps them in. m.mu is held.
+func (m *Manager) apply() {
+	now := m.now()
+	eff := make([]*limits.Rule, len(m.file))
+	infos := make([]metrics.RuleInfo, len(m.file))
+	view := &RulesView{
+		Source:          m.source,
+		LoadedAt:        m.loadedAt.UTC(),
+		OverridesShared: m.store.Shared(),
+		Rules:           make([]RuleView, len(m.file)),
+	}
+	m.nextExp = time.Time{}
+	inFile := make(map[string]bool, len(m.file))
+	for i, r := range m.file {
+		inFile[r.Name] = true
+		rv := RuleView{
+			Name:      r.Name,
+			Algorithm: string(r.Algorithm),
+			Key:       keyParts(r),
+			Match:     r.Match.String(),
+			Cost:      r.Cost,
+			Shadow:    r.Shadow,
+			File:      valuesOf(r),
+		}
+		e := r
+		if o, ok := m.ovs[r.Name]; ok && !o.expired(now) {
+			oc := o
+			rv.Override = &oc
+			if o.ExpiresAt != nil && (m.nextExp.IsZero() || o.ExpiresAt.Before(m.nextExp)) {
+				m.nextExp = *o.ExpiresAt
+			}
+			if applied, err := Apply(r, &o); err != nil {
+				rv.OverrideError = "override ignored: " + err.Error()
+				m.log.Warn().Str("rule", r.Name).Str("error", err.Error()).Msg("runtime override does not fit the rule as the file now defines it; ignoring it")
+			} else {
+				e = applied
+			}
+		}
+		if why, ok := m.bad[r.Name]; ok {
+			rv.OverrideError = why
+		}
+		rv.Effective = valuesOf(e)
+		eff[i] = e
+		view.Rules[i] = rv
+		infos[i] = metrics.RuleInfo{Name: e.Name, Limit: e.Limit, Period: e.Period, Burst: e.Burst,
+			Shadow: e.Shadow, Override: e != r}
+	}
+	for name, o := range m.ovs {
+		if !inFile[name] {
+			if view.Orphans == nil {
+				view.Orphans = map[string]Override{}
+			}
+			view.Orphans[name] = o
+		}
+	}
+	prev := m.limiter.Rules()
+	m.limiter.SetRules(eff)
+	m.clampShrunk(prev, eff)
+	if m.metrics != nil {
+		m.metrics.SetRules(infos)
+	}
+	m.view.Store(view)
+}
+
+// clampShrunk caps the stored TATs of every gcra rule whose tolerance
+// shrank (see limits.ClampGCRA), in the background: a SCAN of the rule's
+// keys must not hold up the swap. Until it is done a request may still see
+// the old TAT and be limited a little longer than the new rule says.
+func (m *Manager) clampShrunk(prev, next []*limits.Rule) {
+	old := make(map[string]*limits.Rule, len(prev))
+	for _, r := range prev {
+		old[r.Name] = r
+	}
+	for _, r := range next {
+		p := old[r.Name]
+		if p == nil || !limits.ToleranceShrank(p, r) {
+			continue
+		}
+		c := m.clamper
+		if c == nil {
+			return
+		}
+		m.clamps.Add(1)
+		go func(r *limits.Rule) {
+			defer m.clamps.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			n, err := c.ClampGCRA(ctx, m.limiter.Prefix(), r)
+			// Capped TATs admit earlier than the denials cached before the
+			// clamp (or during it) said: drop them, even after a partial clamp.
+			if dc := m.limiter.DenyCache(); dc != nil {
+				dc.Clear()
+			}
+			if err != nil {
+				m.log.Warn().Err(err).Str("rule", r.Name).Msg("cannot cap the stored gcra state to the rule's new tolerance; affected identities stay limited up to the old tolerance")
+				return
+			}
+			m.log.Info().Str("rule", r.Name).Int("keys", n).Int64("tolerance_us", limits.GCRATolerance(r)).
+				Msg("gcra tolerance shrank: capped the stored state of the rule's keys")
+		}(r)
+	}
+}
+
+// WaitClamps waits for the background clamps started so far. Tests only.
+func (m *Manager) WaitClamps() { m.clamps.Wait() }
+
+// View returns the rules as GET /v1/rules shows them.
+func (m *Manager) View() *RulesView { return m.view.Load() }
+
+// SetOverride validates body (a PUT /v1/rules/{name}/override body) against
+// the file's rule, stores it and applies it. Errors: ErrUnknownRule,
+// FieldErrors (400), or the store's error (503).
+func (m *Manager) SetOverride(ctx context.Context, name string, body []byte) (RuleView, error) {
+	o, err := ParseOverride(body, m.now())
+	if err != nil {
+		return RuleView{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.fileRule(name)
+	if r == nil {
+		return RuleView{}, fmt.Errorf("%w %q in %s", ErrUnknownRule, name, m.source)
+	}
+	if _, err := Apply(r, &o); err != nil {
+		return RuleView{}, err
+	}
+	b, err := json.Marshal(o)
+	if err != nil {
+		return RuleView{}, err
+	}
+	if err := m.store.Set(ctx, name, string(b)); err != nil {
+		return RuleView{}, &StoreError{err}
+	}
+	m.gen++
+	m.raw = maps.Clone(m.raw)
+	m.raw[name] = string(b)
+	m.ovs[name] = o
+	delete(m.bad, name)
+	m.apply()
+	m.log.Info().Str("rule", name).RawJSON("override", b).Msg("runtime override set")
+	return m.ruleView(name), nil
+}
+
+// DeleteOverride removes a rule's override; the file's values apply again.
+// Deleting a rule that has none is not an error.
+func (m *Manager) DeleteOverride(ctx context.Context, name string) (RuleView, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, had := m.raw[name]
+	if m.fileRule(name) == nil && !had {
+		return RuleView{}, fmt.Errorf("%w %q in %s, and no override stored for it", ErrUnknownRule, name, m.source)
+	}
+	if err := m.store.Delete(ctx, name); err != nil {
+		return RuleView{}, &StoreError{err}
+	}
+	m.gen++
+	m.raw = maps.Clone(m.raw)
+	delete(m.raw, name)
+	delete(m.ovs, name)
+	delete(m.bad, name)
+	m.apply()
+	if had {
+		m.log.Info().Str("rule", name).Msg("runtime override deleted; the file's values apply again")
+	}
+	return m.ruleView(name), nil
+}
+
+// SetFile replaces the config file's rules (a reload) and applies the
+// overrides to them, in one swap. It reports the rule names by what the
+// change did to them.
+func (m *Manager) SetFile(rules []*limits.Rule, source string) (added, removed, changed []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	added, removed, changed = diffRules(m.file, rules)
+	m.file = rules
+	m.source = source
+	m.loadedAt = m.now()
+	m.apply()
+	return added, removed, changed
+}
+
+// fileRule returns the config file's rule called name, or nil. m.mu is held.
+func (m *Manager) fileRule(name string) *limits.Rule {
+	for _, r := range m.file {
+		if r.Name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// ruleView returns one rule's view (the zero RuleView with only the name
+// for an orphan override that was just deleted). m.mu is held.
+func (m *Manager) ruleView(name string) RuleView {
+	for _, rv := range m.view.Load().Rules {
+		if rv.Name == name {
+			return rv
+		}
+	}
+	return RuleView{Name: name}
+}
+
+// StoreError is an override store failure (the admin API answers 503).
+type StoreError struct{ err error }
+
+func (e *StoreError) Error() string { return e.err.Error() }
+func (e *StoreError) Unwrap() error { return e.err }
+
+// RulesView is GET /v1/rules: every rule with its file values, override and
+// effective values side by side.
+type RulesView struct {
+	// Source is the config file (or "built-in example policy").
+	Source   string    `json:"source"`
+	LoadedAt time.Time `json:"loaded_at"`
+	// OverridesShared is true when overrides live in Redis (every instance
+	// applies them), false in memory-store mode (this process only).
+	OverridesShared bool       `json:"overrides_shared"`
+	Rules           []RuleView `json:"rules"`
+	// Orphans are stored overrides whose rule is not in the config file.
+	// They apply again if the rule comes back.
+	Orphans map[string]Override `json:"orphan_overrides,omitempty"`
+}
+
+// RuleView is one rule in GET /v1/rules.
+type RuleView struct {
+	Name      string   `json:"name"`
+	Algorithm string   `json:"algorithm"`
+	Key       []string `json:"key"`
+	Match     string   `json:"match"`
+	Cost      int64    `json:"cost"`
+	Shadow    bool     `json:"shadow"`
+	File      Values   `json:"file"`
+	// Override is the active override, or null.
+	Override *Override `json:"override"`
+	// OverrideError says why a stored override is not applied.
+	OverrideError string `json:"override_error,omitempty"`
+	Effective     Values `json:"effective"`
+}
+
+// Values are a rule's numbers.
+type Values struct {
+	Limit  int64    `json:"limit"`
+	Period Duration `json:"period"`
+	Burst  int64    `json:"burst"`
+}
+
+func valuesOf(r *limits.Rule) Values {
+	return Values{Limit: r.Limit, Period: Duration(r.Period), Burst: r.Burst}
+}
+
+func keyParts(r *limits.Rule) []string {
+	parts := make([]string, len(r.Key))
+	for i, p := range r.Key {
+		parts[i] = p.String()
+	}
+	return parts
+}
+
+// diffRules compares two rule sets by name.
+func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
+	was := make(map[string]*limits.Rule, len(old))
+	for _, r := range old {
+		was[r.Name] = r
+	}
+	is := make(map[string]bool, len(next))
+	for _, r := range next {
+		is[r.Name] = true
+		o, ok := was[r.Name]
+		switch {
+		case !ok:
+			added = append(added, r.Name)
+		case signature(o) != signature(r):
+			changed = append(changed, r.Name)
+		}
+	}
+	for _, r := range old {
+		if !is[r.Name] {
+			removed = append(removed, r.Name)
+		}
+	}
+	sort.Strings(added)
+	sort.Strings(removed)
+	sort.Strings(changed)
+	return added, removed, changed
+}
+
+func signature(r *limits.Rule) string {
+	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d", r.Match.String(), keyParts(r), r.Algorithm,
+		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous)
+}

@@ -1,0 +1,337 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits"
+)
+
+// Override changes one rule at run time. Zero fields are not set. It is
+// stored as JSON (in Redis: one hash field per rule), so every instance and
+// every restart applies it until it is deleted or expires.
+//
+// Example: {"factor":1.5,"reason":"black friday","ttl":"6h"} makes a rule of
+// 100 per minute allow 150 per minute for six hours.
+type Override struct {
+	// Limit replaces the file's limit.
+	Limit int64 `json:"limit,omitempty"`
+	// Period replaces the file's period.
+	Period Duration `json:"period,omitempty"`
+	// Burst replaces the file's burst (gcra and token_bucket only). When
+	// not given, the burst keeps its ratio to the limit: a burst equal to
+	// the limit stays equal to it.
+	Burst int64 `json:"burst,omitempty"`
+	// Factor scales the limit (and the burst) after Limit and Burst are
+	// applied, rounded down, at least 1: 1.5 during a sale, 0.5 while the
+	// backend struggles.
+	Factor float64 `json:"factor,omitempty"`
+	// Reason is free text for the operators who read GET /v1/rules.
+	Reason string `json:"reason,omitempty"`
+	// SetAt is when the override was set.
+	SetAt time.Time `json:"set_at"`
+	// ExpiresAt, when set, ends the override by itself (from the request's
+	// "ttl").
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// Duration is a time.Duration written as a config-file duration ("1m", "7d").
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(config.FormatDuration(time.Duration(d)))
+}
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("must be a duration string such as \"1m\", got %s", b)
+	}
+	v, err := config.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Limits of an override request beyond what config.CheckRule enforces.
+const (
+	maxFactor    = 1000.0
+	maxReasonLen = 200
+	maxTTL       = 400 * 24 * time.Hour
+)
+
+// ParseOverride reads a PUT /v1/rules/{name}/override body. Every problem is
+// reported, each naming its field ("limit: must be an integer, got 1.5").
+// now stamps SetAt and turns "ttl" into ExpiresAt.
+func ParseOverride(body []byte, now time.Time) (Override, error) {
+	var o Override
+	var errs []string
+	fail := func(field, format string, args ...any) {
+		errs = append(errs, field+": "+fmt.Sprintf(format, args...))
+	}
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&raw); err != nil || raw == nil {
+		return o, fmt.Errorf(`body must be a JSON object such as {"limit":100,"period":"1m","burst":100,"factor":1.5}: %v`, errOr(err, "got null"))
+	}
+	if dec.More() {
+		return o, errors.New("body must hold exactly one JSON object")
+	}
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	given := 0
+	for _, k := range keys {
+		v := raw[k]
+		switch k {
+		case "limit", "burst":
+			n, err := jsonInt(v)
+			if err != nil {
+				fail(k, "%v", err)
+				continue
+			}
+			if n < 1 {
+				fail(k, "must be >= 1, got %d", n)
+				continue
+			}
+			if k == "limit" {
+				o.Limit = n
+			} else {
+				o.Burst = n
+			}
+			given++
+		case "period":
+			var d Duration
+			if err := json.Unmarshal(v, &d); err != nil {
+				fail(k, "%v", err)
+				continue
+			}
+			if d <= 0 {
+				fail(k, "must be > 0, got %s", config.FormatDuration(time.Duration(d)))
+				continue
+			}
+			o.Period = d
+			given++
+		case "factor":
+			var f float64
+			if err := json.Unmarshal(v, &f); err != nil {
+				fail(k, "must be a number such as 1.5, got %s", v)
+				continue
+			}
+			if !(f > 0) || f > maxFactor || math.IsInf(f, 0) {
+				fail(k, "must be > 0 and <= %g, got %s", maxFactor, v)
+				continue
+			}
+			o.Factor = f
+			given++
+		case "reason":
+			if err := json.Unmarshal(v, &o.Reason); err != nil {
+				fail(k, "must be a string, got %s", v)
+				continue
+			}
+			if len(o.Reason) > maxReasonLen {
+				fail(k, "must be at most %d bytes, got %d", maxReasonLen, len(o.Reason))
+			}
+		case "ttl":
+			var d Duration
+			if err := json.Unmarshal(v, &d); err != nil {
+				fail(k, "%v", err)
+				continue
+			}
+			if d <= 0 || time.Duration(d) > maxTTL {
+				fail(k, "must be > 0 and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
+				continue
+			}
+			exp := now.Add(time.Duration(d)).UTC()
+			o.ExpiresAt = &exp
+		default:
+			fail(k, "unknown field; use limit, period, burst, factor, reason or ttl")
+		}
+	}
+	if len(errs) == 0 && given == 0 {
+		errs = append(errs, "body: give at least one of limit, period, burst, factor")
+	}
+	if len(errs) > 0 {
+		return Override{}, FieldErrors(errs)
+	}
+	o.SetAt = now.UTC()
+	return o, nil
+}
+
+// FieldErrors is every problem with an override, one per field (a 400).
+type FieldErrors []string
+
+func (e FieldErrors) Error() string { return strings.Join(e, "; ") }
+
+func errOr(err error, s string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return s
+}
+
+// jsonInt reads a JSON number that must be a whole number.
+func jsonInt(v json.RawMessage) (int64, error) {
+	s := strings.TrimSpace(string(v))
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("must be a whole number, got %s", s)
+	}
+	return n, nil
+}
+
+// Apply returns the rule r with o applied, checked against the bounds a
+// config file must obey. r is not modified; the result shares r's match and
+// key, which are immutable.
+func Apply(r *limits.Rule, o *Override) (*limits.Rule, error) {
+	eff := *r
+	if o.Limit > 0 {
+		eff.Limit = o.Limit
+	}
+	if o.Period > 0 {
+		eff.Period = time.Duration(o.Period)
+	}
+	switch {
+	case !r.Algorithm.UsesBurst():
+		if o.Burst > 0 {
+			return nil, FieldErrors{fmt.Sprintf("burst: is only for gcra and token_bucket, not %s", r.Algorithm)}
+		}
+		eff.Burst = eff.Limit
+	case o.Burst > 0:
+		eff.Burst = o.Burst
+	case eff.Limit != r.Limit:
+		// keep the file's burst:limit ratio (limit, burst <= 1e9: no overflow)
+		eff.Burst = max(r.Burst*eff.Limit/r.Limit, 1)
+	}
+	if o.Factor > 0 {
+		eff.Limit = scale(eff.Limit, o.Factor)
+		if r.Algorithm.UsesBurst() {
+			eff.Burst = scale(eff.Burst, o.Factor)
+		} else {
+			eff.Burst = eff.Limit
+		}
+	}
+	if err := config.CheckRule(&eff); err != nil {
+		var msgs FieldErrors
+		var list config.Errors
+		if errors.As(err, &list) {
+			for _, e := range list {
+				msgs = append(msgs, withFactor(e.Error(), o))
+			}
+		} else {
+			msgs = append(msgs, withFactor(err.Error(), o))
+		}
+		return nil, msgs
+	}
+	return &eff, nil
+}
+
+// withFactor turns CheckRule's "limit must be ..." into "limit: must be ...",
+// saying when the factor is why.
+func withFactor(msg string, o *Override) string {
+	if field, rest, ok := strings.Cut(msg, " "); ok {
+		switch field {
+		case "limit", "burst", "period", "cost":
+			msg = field + ": " + rest
+		}
+	}
+	if o.Factor > 0 {
+		msg += fmt.Sprintf(" (after factor %s)", strconv.FormatFloat(o.Factor, 'g', -1, 64))
+	}
+	return msg
+}
+
+// scale returns floor(n * f), at least 1, computed exactly on the decimal
+// the factor was written as: 100 * 0.29 is 29, not 28.999999999999996.
+func scale(n int64, f float64) int64 {
+	rf, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
+	if !ok {
+		return max(int64(math.Floor(float64(n)*f)), 1)
+	}
+	x := new(big.Rat).Mul(new(big.Rat).SetInt64(n), rf)
+	q := new(big.Int).Quo(x.Num(), x.Denom()) // both positive: truncation is floor
+	if !q.IsInt64() {
+		return math.MaxInt64
+	}
+	return max(q.Int64(), 1)
+}
+
+// expired reports whether o has expired at now.
+func (o *Override) expired(now time.Time) bool {
+	return o.ExpiresAt != nil && !now.Before(*o.ExpiresAt)
+}
+
+// OverrideStore keeps overrides where every instance can read them.
+type OverrideStore interface {
+	// Load returns every stored override as rule name → JSON.
+	Load(ctx context.Context) (map[string]string, error)
+	// Set stores one override and tells the other instances.
+	Set(ctx context.Context, rule, value string) error
+	// Delete removes one override and tells the other instances.
+	Delete(ctx context.Context, rule string) error
+	// Watch returns a channel that receives whenever another instance may
+	// have changed the overrides, until ctx ends; nil when the store has no
+	// other instances to hear from.
+	Watch(ctx context.Context) <-chan struct{}
+	// Shared says whether other instances see the same overrides.
+	Shared() bool
+}
+
+// MemoryOverrides keeps overrides in the process (memory-store mode).
+type MemoryOverrides struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+// NewMemoryOverrides returns an empty in-process override store.
+func NewMemoryOverrides() *MemoryOverrides { return &MemoryOverrides{m: map[string]string{}} }
+
+// Load implements OverrideStore.
+func (s *MemoryOverrides) Load(context.Context) (map[string]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp := make(map[string]string, len(s.m))
+	for k, v := range s.m {
+		cp[k] = v
+	}
+	return cp, nil
+}
+
+// Set implements OverrideStore.
+func (s *MemoryOverrides) Set(_ context.Context, rule, value string) error {
+	s.mu.Lock()
+	s.m[rule] = value
+	s.mu.Unlock()
+	return nil
+}
+
+// Delete implements OverrideStore.
+func (s *MemoryOverrides) Delete(_ context.Context, rule string) error {
+	s.mu.Lock()
+	delete(s.m, rule)
+	s.mu.Unlock()
+	return nil
+}
+
+// Watch implements OverrideStore: nobody else changes them.
+func (s *MemoryOverrides) Watch(context.Context) <-chan struct{} { return nil }
+
+// Shared implements OverrideStore.
+func (s *MemoryOverrides) Shared() bool { return false }

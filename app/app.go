@@ -273,15 +273,20 @@ func (a *App) newHandler(cfg *config.Config) *handler.Handler {
 		UserHeader:     id.UserHeader,
 		IPHeader:       id.IPHeader,
 		URIHeader:      id.URIHeader,
+		URLHeader:      id.URLHeader,
 		MethodHeader:   id.MethodHeader,
 		HostHeader:     id.HostHeader,
 		TrustedProxies: id.TrustedProxies,
 		CostHeader:     id.CostHeader,
 		MaxCost:        id.MaxCost,
+		IPv6Prefix:     id.IPv6Prefix,
 		DenyStatus:     cfg.DenyStatus,
 		Timeout:        cfg.Redis.Timeout,
 		Logger:         a.log,
 		Observer:       a.observer,
+
+		// NGINX's $request_id, quoted in denial log lines.
+		RequestIDHeader: id.RequestIDHeader,
 	})
 }
 

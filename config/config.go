@@ -159,6 +159,15 @@ type Identity struct {
 	CostHeader string
 	// MaxCost bounds the cost header; default 100, at most 1e6.
 	MaxCost int64
+	// URLHeader (default X-Original-URL) holds the request as a full URL,
+	// as ingress-nginx's auth-url sends it; read when URIHeader is absent.
+	URLHeader string
+	// RequestIDHeader (default X-Request-Id) carries NGINX's $request_id,
+	// which denial log lines quote.
+	RequestIDHeader string
+	// IPv6Prefix is the network length an IPv6 client counts as (the `ip`
+	// dimension); default 64, 48..128.
+	IPv6Prefix int
 }
 
 // Errors is every problem validation found, in file order. Parse and Load

@@ -228,6 +228,12 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`rules[0] "a": cost 11 is more than the burst (10): such a request could never be allowed`}},
 		{"path without slash", "rules:\n  - name: a" + rule + "    match: {path: login}\n",
 			[]string{`rules[0] "a": match.path must be a prefix starting with "/" or a regex starting with "~", got "login"`}},
+		{"path with an encoded slash", "rules:\n  - name: a" + rule + "    match: {path: \"/a%2Fb\"}\n",
+			[]string{`rules[0] "a": match.path "/a%2Fb" is not a normalized route and would never match; write "/a/b"`}},
+		{"path with an encoded dot segment", "rules:\n  - name: a" + rule + "    match: {path: \"/x/..%2fadmin\"}\n",
+			[]string{`rules[0] "a": match.path "/x/..%2fadmin" is not a normalized route and would never match; write "/admin"`}},
+		{"path with lower-case or needless escapes", "rules:\n  - name: a" + rule + "    match: {path: \"/caf%c3%a9/%7Eu%3B\"}\n",
+			[]string{`rules[0] "a": match.path "/caf%c3%a9/%7Eu%3B" is not a normalized route and would never match; write "/caf%C3%A9/~u;"`}},
 		{"empty regex", "rules:\n  - name: a" + rule + "    match: {path: \"~\"}\n",
 			[]string{`rules[0] "a": match.path regex is empty (omit path to match every route)`}},
 		{"bad method", "rules:\n  - name: a" + rule + "    match: {methods: [GET, \"PO ST\"]}\n",
@@ -283,6 +289,14 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`identity.anonymous: must be ip or skip, got "deny"`}},
 		{"max_cost too large", "identity: {max_cost: 1000001}\n",
 			[]string{`identity.max_cost: must be <= 1000000, got 1000001`}},
+		{"ipv6_prefix too short", "identity: {ipv6_prefix: 32}\n",
+			[]string{`identity.ipv6_prefix: must be between 48 and 128, got 32`}},
+		{"ipv6_prefix too long", "identity: {ipv6_prefix: 129}\n",
+			[]string{`identity.ipv6_prefix: must be between 48 and 128, got 129`}},
+		{"bad url header", "identity: {url_header: \"X:Url\"}\n",
+			[]string{`identity.url_header: "X:Url" is not a valid header name`}},
+		{"bad request id header", "identity: {request_id_header: \"\"}\n",
+			[]string{`identity.request_id_header: "" is not a valid header name`}},
 		{"zoned proxy", "identity: {trusted_proxies: [\"fe80::1%eth0\"]}\n",
 			[]string{`identity.trusted_proxies[0]: "fe80::1%eth0" is not an IP or CIDR`}},
 	}
@@ -350,12 +364,15 @@ func TestLoadFull(t *testing.T) {
 				netip.MustParsePrefix("2001:db8::/32"),
 				netip.MustParsePrefix("10.0.0.0/8"), // 10.1.2.3/8, masked
 			},
-			Anonymous:    limits.AnonymousSkip,
-			URIHeader:    "X-Uri",
-			MethodHeader: "X-Method",
-			HostHeader:   "X-Host",
-			CostHeader:   "X-Ratelimit-Cost",
-			MaxCost:      1000,
+			Anonymous:       limits.AnonymousSkip,
+			URIHeader:       "X-Uri",
+			URLHeader:       "X-Url",
+			MethodHeader:    "X-Method",
+			HostHeader:      "X-Host",
+			CostHeader:      "X-Ratelimit-Cost",
+			MaxCost:         1000,
+			RequestIDHeader: "X-Trace",
+			IPv6Prefix:      56,
 		},
 		Rules: []*limits.Rule{
 			{
@@ -441,14 +458,17 @@ func TestDefaults(t *testing.T) {
 		LocalShare:  1,
 		DenyStatus:  429,
 		Identity: Identity{
-			UserHeader:     "X-User-Id",
-			IPHeader:       "X-Real-IP",
-			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-			Anonymous:      limits.AnonymousIP,
-			URIHeader:      "X-Original-URI",
-			MethodHeader:   "X-Original-Method",
-			HostHeader:     "X-Original-Host",
-			MaxCost:        100,
+			UserHeader:      "X-User-Id",
+			IPHeader:        "X-Real-IP",
+			TrustedProxies:  []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+			Anonymous:       limits.AnonymousIP,
+			URIHeader:       "X-Original-URI",
+			URLHeader:       "X-Original-URL",
+			MethodHeader:    "X-Original-Method",
+			HostHeader:      "X-Original-Host",
+			MaxCost:         100,
+			RequestIDHeader: "X-Request-Id",
+			IPv6Prefix:      64,
 		},
 		Rules: []*limits.Rule{},
 	}
@@ -580,6 +600,7 @@ func TestDescribe(t *testing.T) {
 		`rule "export_7d"`, "70 per 7d", "burst:      20", "cost:       5", "shadow:     yes",
 		`rule "sliding-log"`, "50 per 36h", "none (one global counter)",
 		`rule "sliding-window"`, "1000000000 per 400d",
+		"each IPv6 client is its /56", "uri X-Uri (else url X-Url)", "request id X-Trace",
 	} {
 		if !strings.Contains(desc, s) {
 			t.Errorf("Describe() does not mention %q:\n%s", s, desc)
@@ -596,6 +617,31 @@ func TestDescribe(t *testing.T) {
 	}
 	if desc := c.Describe(); strings.Contains(desc, "pa55") || !strings.Contains(desc, "rediss://:xxxxx@redis.example.com:6380/2") {
 		t.Errorf("Describe() of a URL with a password:\n%s", desc)
+	}
+}
+
+// TestDescribeWarnsAboutSubSecondPolicies: -check says how a period that is
+// not whole seconds is advertised, and says nothing for the others.
+func TestDescribeWarnsAboutSubSecondPolicies(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`rules:
+  - {name: burst, algorithm: gcra, limit: 10, period: 500ms}
+  - {name: slow, algorithm: fixed_window, limit: 7, period: 1500ms}
+  - {name: minute, algorithm: fixed_window, limit: 5, period: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := c.Describe()
+	for _, want := range []string{
+		"warning:    the period 500ms is not a whole number of seconds, which RateLimit-Policy needs: it says q=20;w=1 (2 periods of 500ms: the same rate, stated over 1s)",
+		"warning:    the period 1.5s is not a whole number of seconds, which RateLimit-Policy needs: it says q=14;w=3 (2 periods of 1.5s: the same rate, stated over 3s)",
+	} {
+		if !strings.Contains(desc, want) {
+			t.Errorf("Describe() does not say %q:\n%s", want, desc)
+		}
+	}
+	if n := strings.Count(desc, "warning:"); n != 2 {
+		t.Errorf("%d warnings, want 2 (none for 5 per 1m):\n%s", n, desc)
 	}
 }
 

@@ -203,6 +203,9 @@ type rawIdentity struct {
 	HostHeader     opt[string]
 	CostHeader     opt[string]
 	MaxCost        opt[int64]
+	URLHeader      opt[string]
+	RequestID      opt[string]
+	IPv6Prefix     opt[int64]
 }
 
 func (i *rawIdentity) fields() []field {
@@ -216,6 +219,9 @@ func (i *rawIdentity) fields() []field {
 		{"host_header", &i.HostHeader},
 		{"cost_header", &i.CostHeader},
 		{"max_cost", &i.MaxCost},
+		{"url_header", &i.URLHeader},
+		{"request_id_header", &i.RequestID},
+		{"ipv6_prefix", &i.IPv6Prefix},
 	}
 }
 

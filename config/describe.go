@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
 )
 
@@ -66,12 +67,17 @@ func (c *Config) Describe() string {
 	if id.Anonymous == limits.AnonymousSkip {
 		anon = "skip rules keyed on user"
 	}
-	line("identity", "user %s, ip %s (trusted proxies: %s), anonymous users: %s", id.UserHeader, id.IPHeader, trusted, anon)
+	ipv6 := fmt.Sprintf("each IPv6 client is its /%d", id.IPv6Prefix)
+	if id.IPv6Prefix >= 128 {
+		ipv6 = "each IPv6 address is its own client"
+	}
+	line("identity", "user %s, ip %s (trusted proxies: %s; %s), anonymous users: %s", id.UserHeader, id.IPHeader, trusted, ipv6, anon)
 	cost := "off"
 	if id.CostHeader != "" {
 		cost = fmt.Sprintf("%s (at most %d)", id.CostHeader, id.MaxCost)
 	}
-	line("headers", "uri %s, method %s, host %s, cost %s", id.URIHeader, id.MethodHeader, id.HostHeader, cost)
+	line("headers", "uri %s (else url %s), method %s, host %s, cost %s, request id %s",
+		id.URIHeader, id.URLHeader, id.MethodHeader, id.HostHeader, cost, id.RequestIDHeader)
 	if len(c.Rules) == 0 {
 		line("rules", "none (every request is allowed)")
 	} else {
@@ -130,6 +136,10 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	}
 	field("algorithm", "%s", r.Algorithm)
 	field("limit", "%d per %s", r.Limit, FormatDuration(r.Period))
+	if q, w, scaled := handler.PolicyWindow(r.Limit, r.Period); scaled {
+		field("warning", "the period %s is not a whole number of seconds, which RateLimit-Policy needs: it says q=%d;w=%d (%d periods of %s: the same rate, stated over %ds)",
+			FormatDuration(r.Period), q, w, q/r.Limit, FormatDuration(r.Period), w)
+	}
 	if r.Algorithm.UsesBurst() {
 		field("burst", "%d", r.Burst)
 	} else {

@@ -45,6 +45,10 @@ const (
 	defaultUserHeader   = "X-User-Id"
 	defaultIPHeader     = "X-Real-IP"
 	defaultURIHeader    = "X-Original-URI"
+	defaultURLHeader    = "X-Original-URL"
+	defaultRequestID    = "X-Request-Id"
+	defaultIPv6Prefix   = 64
+	minIPv6Prefix       = 48
 	defaultMethodHeader = "X-Original-Method"
 	defaultHostHeader   = "X-Original-Host"
 	defaultMaxCost      = 100
@@ -328,6 +332,16 @@ func validateIdentity(d *decoder, id *rawIdentity, out *Identity) {
 	out.MethodHeader = header(d, &id.MethodHeader, "identity.method_header", defaultMethodHeader, false)
 	out.HostHeader = header(d, &id.HostHeader, "identity.host_header", defaultHostHeader, false)
 	out.CostHeader = header(d, &id.CostHeader, "identity.cost_header", "", true)
+	out.URLHeader = header(d, &id.URLHeader, "identity.url_header", defaultURLHeader, false)
+	out.RequestIDHeader = header(d, &id.RequestID, "identity.request_id_header", defaultRequestID, false)
+	out.IPv6Prefix = defaultIPv6Prefix
+	if v := &id.IPv6Prefix; v.ok() {
+		out.IPv6Prefix = int(v.V)
+		if v.V < minIPv6Prefix || v.V > 128 {
+			out.IPv6Prefix = defaultIPv6Prefix
+			d.add(v.Line, "identity.ipv6_prefix", "must be between %d and 128, got %d", minIPv6Prefix, v.V)
+		}
+	}
 	if v := &id.TrustedProxies; v.ok() {
 		out.TrustedProxies = make([]netip.Prefix, 0, len(v.V))
 		for i, s := range v.V {

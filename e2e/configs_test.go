@@ -19,7 +19,7 @@ import (
 // shippedConfigs are the complete configs in nginx/ that run on this
 // machine's nginx (compose.conf needs the compose service names; see
 // TestComposeNginxConfig).
-var shippedConfigs = []string{"nginx.conf", "nginx-quiet.conf", "openresty.conf"}
+var shippedConfigs = []string{"nginx.conf", "nginx-quiet.conf", "openresty.conf", "nginx-auth.conf", "openresty-auth.conf"}
 
 // TestShippedConfigsParse runs `nginx -t` on an unmodified copy of nginx/.
 func TestShippedConfigsParse(t *testing.T) {

@@ -20,7 +20,10 @@ import (
 // request is one client request, made with the curl binary.
 type request struct {
 	Method string
-	Path   string   // with the query, sent as is (curl --path-as-is)
+	Path   string // with the query, sent as is (curl --path-as-is)
+	// Target, when set, is the request target sent instead of Path
+	// (curl --request-target), e.g. an absolute-form "http://h/p".
+	Target string
 	Header []string // "Name: value"
 	// From is the client's source address (curl --interface), any of
 	// 127.0.0.0/8; "" = 127.0.0.1.
@@ -74,6 +77,9 @@ func curl(base string, req request) (response, error) {
 		"-o", "-", "-w", "%{stderr}%{json}\n%{header_json}\n"}
 	if req.From != "" {
 		args = append(args, "--interface", req.From)
+	}
+	if req.Target != "" {
+		args = append(args, "--request-target", req.Target)
 	}
 	for _, h := range req.Header {
 		args = append(args, "-H", h)

@@ -166,9 +166,13 @@ type rewrite struct {
 	listen    int      // "listen 8000;" becomes 127.0.0.1:listen
 	rategates []string // each line naming 127.0.0.1:8080 is repeated once per address
 	app       string   // replaces 127.0.0.1:8001
+	auth      string   // replaces 127.0.0.1:4180, the auth layer of nginx-auth.conf and openresty-auth.conf
 	closed    bool     // $rategate_on_failure: "default open;" becomes "default closed;"
 	// extra replaces whole substrings, for compose.conf's service names.
 	extra map[string]string
+	// files are more files for the prefix (a test's own config), name to
+	// content; the rewrites above apply to them as to the shipped ones.
+	files map[string]string
 }
 
 // shipped literals the rewrite relies on; a test fails if one disappears.
@@ -176,6 +180,7 @@ const (
 	shippedListen   = "listen 8000;"
 	shippedRategate = "127.0.0.1:8080"
 	shippedApp      = "127.0.0.1:8001"
+	shippedAuth     = "127.0.0.1:4180"
 	shippedOpen     = "default open;"
 )
 
@@ -197,6 +202,11 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 		}
 	}
 	hits := map[string]int{}
+	type file struct {
+		name string
+		body []byte
+	}
+	var files []file
 	for _, e := range entries {
 		if e.IsDir() { // logs/ and temp/: created empty above
 			continue
@@ -205,6 +215,13 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		files = append(files, file{e.Name(), b})
+	}
+	for name, body := range rw.files {
+		files = append(files, file{name, []byte(body)})
+	}
+	for _, f := range files {
+		b := f.body
 		var out []string
 		for _, line := range strings.Split(string(b), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(line), "#") {
@@ -225,6 +242,10 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 				line = strings.ReplaceAll(line, shippedApp, rw.app)
 				hits[shippedApp]++
 			}
+			if rw.auth != "" && strings.Contains(line, shippedAuth) {
+				line = strings.ReplaceAll(line, shippedAuth, rw.auth)
+				hits[shippedAuth]++
+			}
 			if rw.closed && strings.Contains(line, shippedOpen) {
 				line = strings.Replace(line, shippedOpen, "default closed;", 1)
 				hits[shippedOpen]++
@@ -238,7 +259,7 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 			}
 			out = append(out, line)
 		}
-		if err := os.WriteFile(filepath.Join(prefix, e.Name()), []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(prefix, f.name), []byte(strings.Join(out, "\n")), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -249,6 +270,7 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 	}
 	check(rw.listen != 0, shippedListen)
 	check(rw.app != "", shippedApp)
+	check(rw.auth != "", shippedAuth)
 	check(rw.closed, shippedOpen)
 	check(len(rw.rategates) > 0, shippedRategate)
 	for old := range rw.extra {
@@ -366,6 +388,13 @@ type appEcho struct {
 	XUserID       string `json:"x_user_id"`
 	HasXUserID    bool   `json:"has_x_user_id"`
 	BodyBytes     int64  `json:"body_bytes"`
+	// XRateLimitStatus is what NGINX says about the decision (bypassed,
+	// unavailable, local), HasXRateLimitStatus whether the header came.
+	XRateLimitStatus    string `json:"x_ratelimit_status"`
+	HasXRateLimitStatus bool   `json:"has_x_ratelimit_status"`
+	XRequestID          string `json:"x_request_id"`
+	// XLocation is set by a test's own config: which location proxied.
+	XLocation string `json:"x_location"`
 }
 
 func startApp(t testing.TB) *app {
@@ -387,9 +416,13 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e := appEcho{
 		Method: r.Method, URI: r.RequestURI, BodyBytes: n, HasXUserID: has,
 		XRealIP: r.Header.Get("X-Real-IP"), XForwardedFor: r.Header.Get("X-Forwarded-For"),
+		XRequestID: r.Header.Get("X-Request-Id"), XLocation: r.Header.Get("X-Location"),
 	}
 	if has {
 		e.XUserID = strings.Join(user, ",")
+	}
+	if st, ok := r.Header["X-Ratelimit-Status"]; ok {
+		e.HasXRateLimitStatus, e.XRateLimitStatus = true, strings.Join(st, ",")
 	}
 	a.mu.Lock()
 	a.hits[e.XUserID]++

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 )
 
@@ -37,8 +38,16 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 
 	uri := hdr.PeekBytes(h.uriHeader)
 	if len(uri) == 0 {
-		h.badRequest(ctx, h.missingURI, limits.RejectMissingURI, start)
-		return
+		// ingress-nginx's auth-url sends the full URL instead.
+		uri = hdr.PeekBytes(h.urlHeader)
+		if len(uri) == 0 {
+			h.badRequest(ctx, h.missingURI, limits.RejectMissingURI, start)
+			return
+		}
+		if uri[0] != '/' && !isAbsoluteURL(uri) {
+			h.badRequest(ctx, h.badURL, limits.RejectMissingURI, start)
+			return
+		}
 	}
 	s.route = NormalizeRoute(s.route[:0], uri)
 
@@ -49,7 +58,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.badRequest(ctx, h.noIP, limits.RejectIP, start)
 		return
 	}
-	s.ip = addr.AppendTo(s.ip[:0])
+	s.ip = AppendIPIdentity(s.ip[:0], addr, h.ipv6Prefix)
 
 	var cost int64
 	if h.costHeader != nil {
@@ -181,18 +190,19 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 		v := &d.Verdicts[i]
 		if v.Rule.Shadow {
 			if !v.Result.Allowed {
-				h.logShadow(v, s)
+				h.logShadow(ctx, v, s)
 			}
 			continue
 		}
 		if best >= 0 {
 			buf = append(buf, ", "...)
 		}
+		q, w, _ := PolicyWindow(v.Rule.Limit, v.Rule.Period)
 		buf = appendSFString(buf, v.Rule.Name)
 		buf = append(buf, ";q="...)
-		buf = strconv.AppendInt(buf, v.Rule.Limit, 10)
+		buf = strconv.AppendInt(buf, q, 10)
 		buf = append(buf, ";w="...)
-		buf = strconv.AppendInt(buf, ceilDiv(int64(v.Rule.Period), int64(time.Second)), 10)
+		buf = strconv.AppendInt(buf, w, 10)
 		if best < 0 || v.Result.Remaining < d.Verdicts[best].Result.Remaining {
 			best = i
 		}
@@ -267,25 +277,104 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	}
 	s.buf = buf
 
-	h.denyLog.Info().
-		Str("rule", name).
-		Bytes("ip", s.req.IP).
-		Bytes("method", s.req.Method).
-		Bytes("route", s.req.Route).
-		Bytes("user", s.req.User).
-		Msg("request limited")
+	if e := h.denyLog.Info(); e.Enabled() {
+		if d.Cached {
+			e.Bool("deny_cache", true)
+		}
+		h.verdictFields(e, ctx, v, s).Msg("request limited")
+	}
 }
 
 // logShadow logs, sampled, a shadow rule that would have denied s's request.
-func (h *Handler) logShadow(v *limits.Verdict, s *scratch) {
-	h.shadowLog.Info().
-		Str("rule", v.Rule.Name).
-		Bool("shadow", true).
+func (h *Handler) logShadow(ctx *fasthttp.RequestCtx, v *limits.Verdict, s *scratch) {
+	if e := h.shadowLog.Info(); e.Enabled() {
+		h.verdictFields(e.Bool("shadow", true), ctx, v, s).
+			Msg("shadow rule would have limited this request (not enforced)")
+	}
+}
+
+// maxLoggedRequestID bounds the request id a log line quotes: NGINX's is 32
+// hex digits, and a setup that passes the client's own header through must
+// not let it grow log lines.
+const maxLoggedRequestID = 64
+
+// verdictFields adds to e what answers "why was this request limited?":
+// the rule, every identity dimension (ip, user, route, method, host, and the
+// headers the rule is keyed on), the store key, the rule's numbers and this
+// request's, and NGINX's request id. Durations carry their unit in the name.
+func (h *Handler) verdictFields(e *zerolog.Event, ctx *fasthttp.RequestCtx, v *limits.Verdict, s *scratch) *zerolog.Event {
+	r := v.Rule
+	e.Str("rule", r.Name).
 		Bytes("ip", s.req.IP).
-		Bytes("method", s.req.Method).
-		Bytes("route", s.req.Route).
 		Bytes("user", s.req.User).
-		Msg("shadow rule would have limited this request (not enforced)")
+		Bytes("route", s.req.Route).
+		Bytes("method", s.req.Method).
+		Bytes("host", s.req.Host)
+	if hasHeaderKey(r) {
+		hd := zerolog.Dict()
+		for _, p := range r.Key {
+			if p.Kind == limits.KeyHeader {
+				hd.Bytes(p.Header, s.req.Headers.Peek(p.Header))
+			}
+		}
+		e.Dict("headers", hd)
+	}
+	e.Str("key", v.Key).
+		Int64("limit", r.Limit).
+		Int64("period_ms", r.Period.Milliseconds()).
+		Int64("remaining", max(v.Result.Remaining, 0)).
+		Int64("cost", v.Cost)
+	if v.Result.RetryUS == limits.NeverFits {
+		e.Bool("never_fits", true)
+	} else {
+		e.Int64("retry_after_ms", ceilDiv(v.Result.RetryUS, 1000))
+	}
+	if id := ctx.Request.Header.PeekBytes(h.requestIDHeader); len(id) > 0 {
+		e.Bytes("request_id", id[:min(len(id), maxLoggedRequestID)])
+	}
+	return e
+}
+
+// hasHeaderKey reports whether r is keyed on a request header.
+func hasHeaderKey(r *limits.Rule) bool {
+	for _, p := range r.Key {
+		if p.Kind == limits.KeyHeader {
+			return true
+		}
+	}
+	return false
+}
+
+// PolicyWindow returns the quota q and the window w, in whole seconds, that
+// RateLimit-Policy states for a rule of limit per period. The draft's
+// windows are whole seconds, so a period that is not one (500ms, 1500ms) is
+// stated over the smallest whole number of periods that is: k periods, q =
+// k*limit and w = k*period. The rate q/w is then exactly the rule's, and a
+// fixed window admits exactly q in any w seconds that start on a window
+// boundary. scaled reports k > 1.
+//
+//	5 per 1m       -> q=5;w=60
+//	10 per 500ms   -> q=20;w=1     (2 periods)
+//	7 per 1500ms   -> q=14;w=3     (2 periods)
+//	1 per 999ms    -> q=1000;w=999 (1000 periods)
+//
+// period is a whole number of milliseconds, as config validation demands;
+// k is then at most 1000. A finer period is rounded up to milliseconds.
+func PolicyWindow(limit int64, period time.Duration) (q, w int64, scaled bool) {
+	if period > 0 && period%time.Second == 0 {
+		return limit, int64(period / time.Second), false
+	}
+	ms := max(ceilDiv(int64(period), int64(time.Millisecond)), 1)
+	k := 1000 / gcd(ms, 1000)
+	return k * limit, k * ms / 1000, k > 1
+}
+
+// gcd is the greatest common divisor of a, b > 0.
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // usToSeconds converts a duration in microseconds to whole seconds, rounded

@@ -23,8 +23,12 @@ const (
 	DefaultUserHeader   = "X-User-Id"
 	DefaultIPHeader     = "X-Real-IP"
 	DefaultURIHeader    = "X-Original-URI"
+	DefaultURLHeader    = "X-Original-URL"
 	DefaultMethodHeader = "X-Original-Method"
 	DefaultHostHeader   = "X-Original-Host"
+	// DefaultRequestIDHeader carries NGINX's $request_id, quoted in
+	// denial log lines so a denial can be found in NGINX's access log.
+	DefaultRequestIDHeader = "X-Request-Id"
 )
 
 // Defaults for the numeric options.
@@ -43,6 +47,17 @@ type Options struct {
 	// IPHeader may be X-Forwarded-For (any case), which is then walked
 	// right-to-left past TrustedProxies.
 	UserHeader, IPHeader, URIHeader, MethodHeader, HostHeader string
+	// URLHeader (default X-Original-URL) holds the client request as a full
+	// URL, as ingress-nginx's auth-url sends it; it is read only when
+	// URIHeader is absent or empty. It may name the same header as
+	// URIHeader.
+	URLHeader string
+	// IPv6Prefix is the length of the network an IPv6 client's `ip`
+	// dimension is (default 64; see AppendIPIdentity).
+	IPv6Prefix int
+	// RequestIDHeader (default X-Request-Id) carries NGINX's $request_id;
+	// denial and shadow log lines quote it.
+	RequestIDHeader string
 	// TrustedProxies are the hops skipped when walking X-Forwarded-For.
 	// Unused for any other IPHeader.
 	TrustedProxies []netip.Prefix
@@ -57,7 +72,8 @@ type Options struct {
 	// Timeout bounds each store call (default 50ms).
 	Timeout time.Duration
 	// Logger receives sampled store errors, denials and shadow rules that
-	// would have denied. The zero Logger discards everything.
+	// would have denied, and per second the number of denial and shadow
+	// lines the sampling suppressed. The zero Logger discards everything.
 	Logger zerolog.Logger
 	// Observer, when set, is told about every /auth answer (metrics, the
 	// admin API's top-denied sketch). Nil observes nothing.
@@ -101,23 +117,27 @@ type Handler struct {
 	dec   Decider
 	store Pinger
 
-	userHeader, ipHeader, uriHeader, methodHeader, hostHeader, costHeader []byte
+	userHeader, ipHeader, uriHeader, urlHeader, methodHeader, hostHeader, costHeader, requestIDHeader []byte
 	// ipHeaderName is IPHeader as a string, for PeekAll.
 	ipHeaderName string
 	xff          bool
 	trusted      []netip.Prefix
+	ipv6Prefix   int
 	maxCost      int64
 	denyStatus   atomic.Int32
 	timeout      time.Duration
 
 	// Answers to bad input, built once from the options.
-	missingURI, noIP, badCost []byte
+	missingURI, badURL, noIP, badCost []byte
 
 	// errLog, denyLog and shadowLog are sampled so that a dead store or an
-	// attack produce a few lines per second, not one per request.
-	errLog    zerolog.Logger
-	denyLog   zerolog.Logger
-	shadowLog zerolog.Logger
+	// attack produce a few lines per second, not one per request. The
+	// samplers of denyLog and shadowLog count what they drop and say so.
+	errLog        zerolog.Logger
+	denyLog       zerolog.Logger
+	shadowLog     zerolog.Logger
+	denySampler   *countingSampler
+	shadowSampler *countingSampler
 
 	obs Observer
 
@@ -142,12 +162,13 @@ type scratch struct {
 // logged, since the config package validates them before they get here.
 func New(d Decider, store Pinger, opts Options) *Handler {
 	h := &Handler{
-		dec:     d,
-		store:   store,
-		trusted: opts.TrustedProxies,
-		maxCost: opts.MaxCost,
-		timeout: opts.Timeout,
-		obs:     opts.Observer,
+		dec:        d,
+		store:      store,
+		trusted:    opts.TrustedProxies,
+		ipv6Prefix: opts.IPv6Prefix,
+		maxCost:    opts.MaxCost,
+		timeout:    opts.Timeout,
+		obs:        opts.Observer,
 	}
 	h.pool.New = func() any {
 		return &scratch{
@@ -168,12 +189,15 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	user := name(opts.UserHeader, DefaultUserHeader)
 	ip := name(opts.IPHeader, DefaultIPHeader)
 	uri := name(opts.URIHeader, DefaultURIHeader)
+	url := name(opts.URLHeader, DefaultURLHeader)
 	h.userHeader = []byte(user)
 	h.ipHeader = []byte(ip)
 	h.ipHeaderName = ip
 	h.uriHeader = []byte(uri)
+	h.urlHeader = []byte(url)
 	h.methodHeader = []byte(name(opts.MethodHeader, DefaultMethodHeader))
 	h.hostHeader = []byte(name(opts.HostHeader, DefaultHostHeader))
+	h.requestIDHeader = []byte(name(opts.RequestIDHeader, DefaultRequestIDHeader))
 	h.xff = strings.EqualFold(ip, fasthttp.HeaderXForwardedFor)
 	if opts.CostHeader != "" {
 		h.costHeader = []byte(opts.CostHeader)
@@ -184,8 +208,23 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	if h.timeout <= 0 {
 		h.timeout = DefaultTimeout
 	}
+	if h.ipv6Prefix <= 0 {
+		h.ipv6Prefix = DefaultIPv6Prefix
+	}
 
-	h.missingURI = []byte("missing " + uri + ` header: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` + "\n")
+	const urlVars = "$scheme://$http_host$request_uri"
+	switch {
+	case strings.EqualFold(uri, url):
+		h.missingURI = []byte("missing " + uri + ` header: add "proxy_set_header ` + uri + " " + urlVars + `;" to the auth location` + "\n")
+	case url == DefaultURLHeader:
+		h.missingURI = []byte("missing " + uri + " and " + url + ` headers: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` +
+			` (ingress-nginx's auth-url sets "` + url + " " + urlVars + `")` + "\n")
+	default:
+		h.missingURI = []byte("missing " + uri + " and " + url + ` headers: add "proxy_set_header ` + uri + ` $request_uri;" to the auth location` +
+			` (or "proxy_set_header ` + url + " " + urlVars + `;")` + "\n")
+	}
+	h.badURL = []byte("invalid " + url + " header: want an absolute URL such as https://host/path?query, as " +
+		`"proxy_set_header ` + url + " " + urlVars + `;" sets it` + "\n")
 	ipVar := "$remote_addr"
 	if h.xff {
 		ipVar = "$proxy_add_x_forwarded_for"
@@ -204,18 +243,20 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	h.errLog = log.Sample(&zerolog.BurstSampler{
 		Burst: 1, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
 	})
-	// A few denials per second for the operator to see what is limited;
-	// a flood adds one line per 1000 denials.
-	h.denyLog = log.Sample(&zerolog.BurstSampler{
-		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
-	})
+	// A few denials per second for the operator to see what is limited,
+	// and one line per second saying how many more there were.
+	h.denySampler = newCountingSampler(log, zerolog.InfoLevel, "denial", denialBurst, time.Second)
+	h.denyLog = log.Sample(h.denySampler)
 	// Shadow rules exist to be watched: the same budget as denials, kept
 	// apart so a noisy shadow rule cannot hide real denials.
-	h.shadowLog = log.Sample(&zerolog.BurstSampler{
-		Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
-	})
+	h.shadowSampler = newCountingSampler(log, zerolog.InfoLevel, "shadow", denialBurst, time.Second)
+	h.shadowLog = log.Sample(h.shadowSampler)
 	return h
 }
+
+// denialBurst is how many denial (and, apart, shadow) lines a second are
+// logged in full.
+const denialBurst = 10
 
 // SetDenyStatus sets the status of a limited request: 429, or 403 for the
 // quiet NGINX mapping. Anything else (0 included) sets 429 and reports

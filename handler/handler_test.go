@@ -190,7 +190,8 @@ func TestCostHeaderOff(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	ts := pinned(t, Options{}, rule("r", 5, time.Minute, limits.KeyIP))
-	const noURI = "missing X-Original-URI header: add \"proxy_set_header X-Original-URI $request_uri;\" to the auth location\n"
+	const noURI = "missing X-Original-URI and X-Original-URL headers: add \"proxy_set_header X-Original-URI $request_uri;\" to the auth location" +
+		" (ingress-nginx's auth-url sets \"X-Original-URL $scheme://$http_host$request_uri\")\n"
 	const noIP = "no valid client IP in X-Real-IP: add \"proxy_set_header X-Real-IP $remote_addr;\" to the auth location\n"
 	tests := []struct {
 		name string
@@ -213,7 +214,8 @@ func TestBadRequests(t *testing.T) {
 
 func TestBadRequestsCustomHeaders(t *testing.T) {
 	ts := pinned(t, Options{URIHeader: "X-Uri", IPHeader: "x-forwarded-for"}, rule("r", 5, time.Minute, limits.KeyIP))
-	equal(t, "missing X-Uri header: add \"proxy_set_header X-Uri $request_uri;\" to the auth location\n",
+	equal(t, "missing X-Uri and X-Original-URL headers: add \"proxy_set_header X-Uri $request_uri;\" to the auth location"+
+		" (ingress-nginx's auth-url sets \"X-Original-URL $scheme://$http_host$request_uri\")\n",
 		ts.auth(t, "X-Forwarded-For", "192.0.2.1").body)
 	equal(t, "no valid client IP in x-forwarded-for: add \"proxy_set_header x-forwarded-for $proxy_add_x_forwarded_for;\" to the auth location\n",
 		ts.auth(t, "X-Uri", "/", "X-Forwarded-For", "junk").body)
@@ -266,7 +268,7 @@ func TestIdentity(t *testing.T) {
 
 	ts.auth(t, "X-Original-URI", "http://h/%7euser", "X-Real-IP", " 2001:DB8::1 ",
 		"X-Original-Method", "POST", "X-Original-Host", "API.example.com", "X-User-Id", "alice", "X-Cost", "7")
-	equal(t, "method=POST route=/~user host=api.example.com ip=2001:db8::1 user=alice cost=7", <-rec.got)
+	equal(t, "method=POST route=/~user host=api.example.com ip=2001:db8::/64 user=alice cost=7", <-rec.got)
 }
 
 func TestStoreFailure(t *testing.T) {
@@ -336,9 +338,10 @@ func TestLogsAreSampled(t *testing.T) {
 		ts.auth(t, std("192.0.2.1")...)
 	}
 	n = logs.lines(`"message":"request limited"`)
-	check(t, n >= 10 && n <= 11, "%d denial lines for 200 denials", n)
+	check(t, n >= 10 && n <= 20, "%d denial lines for 200 denials (10 per second)", n)
 	equal(t, n, logs.lines(`"rule":"per-ip"`))
-	equal(t, n, logs.lines(`"level":"info"`), "allowed requests are not logged")
+	// The other info lines are the per-second counts of suppressed lines.
+	equal(t, n, logs.lines(`"level":"info"`)-logs.lines(`denial lines suppressed`), "allowed requests are not logged")
 }
 
 func TestHealth(t *testing.T) {
@@ -514,8 +517,20 @@ func TestRouteSpellingsShareACounter(t *testing.T) {
 	admin.Match.PathPrefix = "/admin"
 	ts := pinned(t, Options{}, admin)
 	equal(t, 204, ts.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)
-	for _, uri := range []string{"/a/../admin", "//admin", "/%2e%2e/admin", "/%61dmin", "/admin?x=1", "/./admin#f", "http://h/admin"} {
-		equal(t, 429, ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1").status, uri)
+	for _, uri := range []string{"/a/../admin", "//admin", "/%2e%2e/admin", "/%61dmin", "/admin?x=1", "/./admin#f", "http://h/admin",
+		// NGINX decodes %2F and routes these to /admin too.
+		"/%2Fadmin", "/%2fadmin", "/x/..%2Fadmin", "/x%2F..%2Fadmin", "http://h/%2Fadmin"} {
+		equal(t, 429, ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1").status, "%s", uri)
+	}
+	// NGINX routes these elsewhere: "%252F" is a literal "%2F", and case,
+	// ';' and a trailing dot are part of the path.
+	for _, uri := range []string{"/%252Fadmin", "/ADMIN", "/x/admin"} {
+		equal(t, reply{status: 204, headers: map[string]string{}}, ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1"), "%s", uri)
+	}
+	for _, uri := range []string{"/admin;x", "/admin.", "/admin/"} {
+		r := ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1")
+		equal(t, 204, r.status, "%s", uri)
+		equal(t, "0", r.headers["x-ratelimit-remaining"], "%s: a route of its own", uri)
 	}
 }
 
@@ -526,10 +541,10 @@ func TestCannedDecisions(t *testing.T) {
 		d    canned
 		want reply
 	}{
-		{"sub-second retry rounds up to 1; period rounds up", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
+		{"sub-second retry rounds up to 1; 1500ms is stated as 2 periods", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{Remaining: -3, ResetUS: 1, RetryUS: 1}},
 		}}, reply{status: 429, body: "", headers: map[string]string{
-			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
+			"ratelimit-policy":      `"we\"ird\\";q=14;w=3`,
 			"ratelimit":             `"we\"ird\\";r=0;t=1`,
 			"x-ratelimit-limit":     "7",
 			"x-ratelimit-remaining": "0",
@@ -540,7 +555,7 @@ func TestCannedDecisions(t *testing.T) {
 		{"zero retry still says 1", canned{Admitted: false, Denier: 0, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{RetryUS: 0}},
 		}}, reply{status: 429, body: "", headers: map[string]string{
-			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
+			"ratelimit-policy":      `"we\"ird\\";q=14;w=3`,
 			"ratelimit":             `"we\"ird\\";r=0;t=0`,
 			"x-ratelimit-limit":     "7",
 			"x-ratelimit-remaining": "0",
@@ -552,7 +567,7 @@ func TestCannedDecisions(t *testing.T) {
 		{"reset rounds up", canned{Admitted: true, Denier: -1, Verdicts: []limits.Verdict{
 			{Rule: r, Cost: 1, Result: limits.Result{Allowed: true, Remaining: 6, ResetUS: 41_000_001}},
 		}}, reply{status: 204, headers: map[string]string{
-			"ratelimit-policy":      `"we\"ird\\";q=7;w=2`,
+			"ratelimit-policy":      `"we\"ird\\";q=14;w=3`,
 			"ratelimit":             `"we\"ird\\";r=6;t=42`,
 			"x-ratelimit-limit":     "7",
 			"x-ratelimit-remaining": "6",

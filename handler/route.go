@@ -1,34 +1,33 @@
 package handler
 
-import "bytes"
+// Route normalization (docs/decision-endpoint.md). The route is what rules
+// match on and what the `route` key dimension counts, so it must be the path
+// NGINX itself routes by ($uri): otherwise "/%2Fadmin", "/x/..%2Fadmin" or
+// "//admin", which NGINX serves from /admin, would each get a fresh quota.
+//
+// NGINX (ngx_http_parse_complex_uri) decodes every escape once, and a decoded
+// '/' or '.' takes part in segment splitting, slash merging and dot
+// resolution like a literal one; a decoded '%' never starts another escape.
+// NormalizeRoute does the same, then writes the decoded path canonically, so
+// that the route is printable ASCII and two different decoded paths never
+// give one route.
 
-// Route normalization (docs/decision-endpoint.md). The route is what rules match on and what
-// the `route` key dimension counts, so every spelling of one path must give
-// one route: otherwise "/a/../admin", "//admin" or "/%61dmin" would each get
-// a fresh quota.
-
-// pathClass says what NormalizeRoute does with a raw byte of the path.
-const (
-	encode   = iota // percent-encode: not allowed literally in a path
-	keep            // keep literally: unreserved, sub-delims, ':' and '@'
-	unreserv        // keep literally, and decode it when it arrives escaped
-)
-
-var pathClass = func() (t [256]uint8) {
+// literal says which bytes of a decoded path the route writes as
+// themselves: unreserved characters, sub-delims, ':' and '@' (RFC 3986
+// pchar). Every other byte, '%' included, is written %XX. Since '%' is never
+// literal, reading the route back is unambiguous.
+var literal = func() (t [256]bool) {
 	for c := 'a'; c <= 'z'; c++ {
-		t[c] = unreserv
+		t[c] = true
 	}
 	for c := 'A'; c <= 'Z'; c++ {
-		t[c] = unreserv
+		t[c] = true
 	}
 	for c := '0'; c <= '9'; c++ {
-		t[c] = unreserv
+		t[c] = true
 	}
-	for _, c := range "-._~" {
-		t[c] = unreserv
-	}
-	for _, c := range "!$&'()*+,;=:@" {
-		t[c] = keep
+	for _, c := range "-._~!$&'()*+,;=:@" {
+		t[c] = true
 	}
 	return t
 }()
@@ -50,24 +49,32 @@ func unhex(c byte) (byte, bool) {
 // NormalizeRoute appends the route of uri to dst and returns the extended
 // slice. uri is a request target as NGINX's $request_uri holds it.
 //
-// The route is the path only: the query and fragment are dropped, and an
-// absolute-form target ("http://host/p") contributes its path. Escapes of
-// unreserved characters (ALPHA DIGIT - . _ ~) are decoded, so "%2e%2e" is a
-// ".." segment and "%7euser" is "~user"; every other escape is kept with
-// upper-case hex ("%2f" becomes "%2F" and never separates segments). Bytes
-// that may not appear literally in a path (space, controls, non-ASCII, '"',
-// '\\', ...) and a '%' that starts no valid escape are percent-encoded, so
-// "/a b" and "/a%20b" are one route and the result is plain ASCII. Empty
-// segments ("//") are dropped and "." and ".." are resolved, never above the
-// root; a trailing slash is kept, as RFC 3986 remove_dot_segments keeps it.
+// The route is NGINX's $uri for that target, written canonically:
 //
-// The result always starts with "/", holds no "//", "." or ".." segment, and
-// normalizing it again changes nothing.
+//   - the query and fragment are dropped (at the first literal '?' or '#');
+//     an absolute-form target ("http://host/p") contributes its path;
+//   - every escape %XX is decoded, once: "%2F" is a '/', "%2e%2e" a "..",
+//     "%252F" the three bytes "%2F" and nothing more;
+//   - empty segments ("//", also "/%2F") are dropped, "." and ".." resolved,
+//     never above the root (where NGINX answers 400 itself); a trailing
+//     slash stays, as NGINX keeps it;
+//   - case, ';', '\\' and trailing dots are bytes like any other: NGINX on
+//     Linux routes "/ADMIN", "/admin;x" and "/admin." apart from "/admin";
+//   - the decoded bytes are written back as themselves when they are
+//     unreserved, sub-delims, ':' or '@', and as %XX (upper-case hex)
+//     otherwise, '%' included. A '%' that starts no valid escape (NGINX
+//     answers 400 to those) is a literal '%', "%25".
+//
+// The result always starts with "/", holds no "//", "." or ".." segment, is
+// printable ASCII, and normalizing it again changes nothing. Two targets get
+// one route exactly when NGINX decodes them to one $uri.
 //
 //	/a/../admin     -> /admin
+//	/x/..%2Fadmin   -> /admin
 //	/%2e%2e/admin   -> /admin
+//	/%252Fadmin     -> /%252Fadmin
 //	/a/./b/?x=1     -> /a/b/
-//	/a%2fb          -> /a%2Fb
+//	/caf%c3%a9      -> /caf%C3%A9
 //	http://h/x//y   -> /x/y
 func NormalizeRoute(dst, uri []byte) []byte {
 	path := uri
@@ -86,16 +93,26 @@ func NormalizeRoute(dst, uri []byte) []byte {
 	// trailing is true when the last segment seen leaves the route ending in
 	// "/": an empty segment, ".", "..", or a path that ends with "/".
 	trailing := false
+	i := 0
 	for {
-		seg := path
-		i := bytes.IndexByte(path, '/')
-		if i >= 0 {
-			seg = path[:i]
-		}
-
 		mark := len(out)
 		out = append(out, '/')
-		out = appendSegment(out, seg)
+		more := false // a separator ended this segment
+		for i < len(path) {
+			c, n := decodeAt(path, i)
+			i += n
+			if c == '/' {
+				more = true
+				break
+			}
+			if literal[c] {
+				out = append(out, c)
+			} else {
+				out = append(out, '%', upperHex[c>>4], upperHex[c&15])
+			}
+		}
+		// '.' is always written literally, so the segment's written form
+		// tells "." and ".." apart whatever their spelling.
 		switch s := out[mark+1:]; {
 		case len(s) == 0, len(s) == 1 && s[0] == '.':
 			out = out[:mark]
@@ -104,18 +121,19 @@ func NormalizeRoute(dst, uri []byte) []byte {
 			// Drop this segment and the one before it; at the root there
 			// is nothing to drop.
 			out = out[:mark]
-			if j := bytes.LastIndexByte(out[base:], '/'); j >= 0 {
-				out = out[:base+j]
+			for j := len(out) - 1; j >= base; j-- {
+				if out[j] == '/' {
+					out = out[:j]
+					break
+				}
 			}
 			trailing = true
 		default:
 			trailing = false
 		}
-
-		if i < 0 {
+		if !more {
 			break
 		}
-		path = path[i+1:]
 	}
 	if len(out) == base || trailing {
 		out = append(out, '/')
@@ -123,50 +141,31 @@ func NormalizeRoute(dst, uri []byte) []byte {
 	return out
 }
 
-// appendSegment appends one raw path segment with escapes normalized as
-// NormalizeRoute describes. The result never contains '/'.
-func appendSegment(dst, seg []byte) []byte {
-	for i := 0; i < len(seg); i++ {
-		c := seg[i]
-		if c == '%' {
-			if i+2 < len(seg) {
-				hi, ok1 := unhex(seg[i+1])
-				lo, ok2 := unhex(seg[i+2])
-				if ok1 && ok2 {
-					d := hi<<4 | lo
-					if pathClass[d] == unreserv {
-						dst = append(dst, d)
-					} else {
-						dst = append(dst, '%', upperHex[hi], upperHex[lo])
-					}
-					i += 2
-					continue
-				}
-			}
-			dst = append(dst, '%', '2', '5') // a lone '%' is itself escaped
-			continue
-		}
-		if pathClass[c] == encode {
-			dst = append(dst, '%', upperHex[c>>4], upperHex[c&15])
-			continue
-		}
-		dst = append(dst, c)
+// decodeAt returns the byte of path at i, decoding an escape %XX, and how
+// many bytes of path it took (3 for an escape, else 1). A '%' not followed
+// by two hex digits is itself.
+func decodeAt(path []byte, i int) (byte, int) {
+	c := path[i]
+	if c != '%' || i+2 >= len(path) {
+		return c, 1
 	}
-	return dst
+	hi, ok1 := unhex(path[i+1])
+	lo, ok2 := unhex(path[i+2])
+	if !ok1 || !ok2 {
+		return c, 1
+	}
+	return hi<<4 | lo, 3
 }
 
 // absolutePath returns the path, query and fragment of an absolute-form
 // target ("http://host:80/p?q" gives "/p?q"). A target that is not
 // absolute-form is returned unchanged and NormalizeRoute roots it.
 func absolutePath(uri []byte) []byte {
-	i := 0
-	for i < len(uri) && (isAlpha(uri[i]) || i > 0 && (isDigit(uri[i]) || uri[i] == '+' || uri[i] == '-' || uri[i] == '.')) {
-		i++
-	}
-	if i == 0 || len(uri) < i+3 || uri[i] != ':' || uri[i+1] != '/' || uri[i+2] != '/' {
+	n := schemeLen(uri)
+	if n == 0 {
 		return uri
 	}
-	rest := uri[i+3:]
+	rest := uri[n:]
 	for j, c := range rest {
 		if c == '/' || c == '?' || c == '#' {
 			return rest[j:]
@@ -174,6 +173,21 @@ func absolutePath(uri []byte) []byte {
 	}
 	return nil
 }
+
+// schemeLen is the length of the "scheme://" b starts with, or 0.
+func schemeLen(b []byte) int {
+	i := 0
+	for i < len(b) && (isAlpha(b[i]) || i > 0 && (isDigit(b[i]) || b[i] == '+' || b[i] == '-' || b[i] == '.')) {
+		i++
+	}
+	if i == 0 || len(b) < i+3 || b[i] != ':' || b[i+1] != '/' || b[i+2] != '/' {
+		return 0
+	}
+	return i + 3
+}
+
+// isAbsoluteURL reports whether b starts with a scheme and "://".
+func isAbsoluteURL(b []byte) bool { return schemeLen(b) > 0 }
 
 func isAlpha(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

@@ -14,7 +14,9 @@ func TestNormalizeRoute(t *testing.T) {
 		{"/admin?x", "/admin"},
 		{"/a/./b/", "/a/b/"},
 		{"/%7euser", "/~user"},
-		{"/a%2fb", "/a%2Fb"},
+		{"/a%2fb", "/a/b"},
+		{"/x/..%2Fadmin", "/admin"},
+		{"/%252Fadmin", "/%252Fadmin"},
 
 		// Empty and root.
 		{"", "/"},
@@ -45,11 +47,15 @@ func TestNormalizeRoute(t *testing.T) {
 		{"/a/.%2e/b", "/b"},
 		{"/a/%2e./b", "/b"},
 
-		// Escapes: unreserved decoded, others kept upper-case.
+		// Escapes: all decoded once; bytes that are not pchar written
+		// back upper-case.
 		{"/%41%62%63", "/Abc"},
 		{"/%2D%2e%5F%7E", "/-._~"},
-		{"/%2f", "/%2F"},
-		{"/a%2F..%2Fadmin", "/a%2F..%2Fadmin"},
+		{"/%21%24%3b%3D%3a%40", "/!$;=:@"},
+		{"/%2f", "/"},
+		{"/a%2F..%2Fadmin", "/admin"},
+		{"/a%2F%2Fb%2f", "/a/b/"},
+		{"/%2e%2e%2fadmin", "/admin"},
 		{"/%c3%a9", "/%C3%A9"},
 		{"/%3f", "/%3F"},
 		{"/%25", "/%25"},
@@ -112,13 +118,31 @@ func checkRoute(r []byte) string {
 	case bytes.ContainsAny(r, "?#"):
 		return "contains a query or fragment"
 	}
-	for _, c := range r {
+	for i, c := range r {
 		if c <= ' ' || c >= 0x7f {
 			return "contains a byte that is not printable ASCII"
+		}
+		if c != '%' {
+			if !literal[c] && c != '/' {
+				return "contains a byte that should be escaped"
+			}
+			continue
+		}
+		// Every escape is canonical: upper-case hex of a byte that is not
+		// written literally ('/' and '.' never: they were decoded).
+		if i+2 >= len(r) || !isUpperHex(r[i+1]) || !isUpperHex(r[i+2]) {
+			return "contains a '%' that is not a canonical escape"
+		}
+		hi, _ := unhex(r[i+1])
+		lo, _ := unhex(r[i+2])
+		if d := hi<<4 | lo; literal[d] || d == '/' {
+			return "escapes a byte that is written literally"
 		}
 	}
 	return ""
 }
+
+func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' }
 
 func FuzzNormalizeRoute(f *testing.F) {
 	for _, s := range []string{

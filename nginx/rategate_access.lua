@@ -6,7 +6,11 @@ phase of OpenResty or NGINX with lua-nginx-module.
 
 check() captures the internal location /_rategate (rategate-subrequest.conf),
 which proxies to rategate's /auth with the identity headers and no body, and
-acts on the status of that subrequest:
+acts on the status of that subrequest. The subrequest gets a copy of every
+variable of the request (copy_all_vars): lua-nginx-module otherwise gives it
+fresh ones, and a $rategate_user built from an auth layer's answer
+(auth_request_set $auth_user ...) would be empty there, making every user
+behind one address one anonymous client.
 
   2xx      the request goes on; rategate's rate-limit headers are added to
            whatever the application answers.
@@ -21,6 +25,11 @@ acts on the status of that subrequest:
            503.
   other    500 and one error-log line with rategate's answer (a 400 names the
            header the NGINX config fails to set).
+
+It records the decision in $rg_status, $rg_state, $rg_rule and
+$rg_remaining (set to "" by rategate-lua.conf) for $rategate_status, the
+application's X-RateLimit-Status and the "rategate" log format
+(rategate-status.conf).
 ]]
 
 local _M = { _VERSION = "1" }
@@ -58,6 +67,25 @@ local function copy(names, from)
     end
 end
 
+-- setvar sets an NGINX variable the configuration declares with "set"; a
+-- configuration without it (an older copy of rategate-lua.conf) loses only
+-- the logging, not the decision.
+local function assign(name, value)
+    ngx.var[name] = value
+end
+
+local function setvar(name, value)
+    pcall(assign, name, value)
+end
+
+-- record keeps the decision for the access log and the application.
+local function record(status, header)
+    setvar("rg_status", tostring(status))
+    setvar("rg_state", header["x-ratelimit-status"] or "")
+    setvar("rg_rule", header["x-ratelimit-rule"] or "")
+    setvar("rg_remaining", header["x-ratelimit-remaining"] or "")
+end
+
 -- answer ends the request with status and a short text body.
 local function answer(status, body)
     ngx.status = status
@@ -71,10 +99,15 @@ end
 -- check decides the current request. location is the internal location that
 -- proxies to rategate's /auth; default "/_rategate".
 function _M.check(location)
-    local res = capture(location or "/_rategate")
+    -- $request_id is made on first use: make it in this request, so the
+    -- copy the subrequest gets (and sends as X-Request-Id) is the one the
+    -- access log writes.
+    local _ = ngx.var.request_id
+    local res = capture(location or "/_rategate", { copy_all_vars = true })
     local status = res.status
     local header = lower(res.header)
     copy(HEADERS, header)
+    record(status, header)
 
     if status >= 200 and status < 300 then
         return

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -421,4 +422,49 @@ rules:
 	if want := s.limiter.Prefix() + ":{multi:192.0.2.1|alice|/b|GET|api.example.com|gold}:fw"; k.Key != want {
 		t.Fatalf("key %q, want %q", k.Key, want)
 	}
+}
+
+// TestAdminRoutesMatchTheRawPath: an escaped "/" in a rule name is part of
+// that one segment. /v1/rules/r1%2F..%2Fr2/override used to be decoded and
+// cleaned into /v1/rules/r2/override and changed rule r2.
+func TestAdminRoutesMatchTheRawPath(t *testing.T) {
+	s := newStack(t, `rules:
+  - name: r1
+    key: [ip]
+    algorithm: fixed_window
+    limit: 10
+    period: 1m
+  - name: r2
+    key: [ip]
+    algorithm: fixed_window
+    limit: 10
+    period: 1m
+`, "")
+	for _, path := range []string{
+		"/v1/rules/r1%2F..%2Fr2/override",
+		"/v1/rules/r1%2f..%2fr2/override",
+		"/v1/rules/%2E%2E%2Fr2/override",
+		"/v1/rules/x/../r2/override",
+	} {
+		// Written on the wire as is: an HTTP client library would clean it.
+		c, err := net.Dial("tcp", s.admin.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"limit":1}`
+		fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", path, len(body), body)
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if strings.Contains(line, " 200 ") {
+			t.Errorf("PUT %s: %s, want the path refused", path, strings.TrimSpace(line))
+		}
+	}
+	for _, r := range s.limiter.Rules() {
+		if r.Limit != 10 {
+			t.Errorf("rule %s now has limit %d: an escaped path reached it", r.Name, r.Limit)
+		}
+	}
+	// The plain spelling still works, and GET /v1/keys/ too.
+	s.api("PUT", "/v1/rules/r2/override", `{"limit":3}`, 200, nil)
+	s.api("GET", "/v1/keys/r2?ip=192.0.2.1", "", 200, nil)
 }

@@ -116,12 +116,13 @@ func (a *App) needRestart(prev, next *config.Config) []string {
 	diff("redis.password", pr.Password, nr.Password)
 	diff("redis.key_prefix", pr.KeyPrefix, nr.KeyPrefix)
 	diff("redis.timeout", pr.Timeout, nr.Timeout)
-	for _, f := range structDiff(pr.Coalesce, nr.Coalesce) {
-		out = append(out, "redis.coalesce."+f)
-	}
-	for _, f := range structDiff(prev.DenyCache, next.DenyCache) {
-		out = append(out, "deny_cache."+f)
-	}
+	pc, nc := pr.Coalesce, nr.Coalesce
+	diff("redis.coalesce.enabled", pc.Enabled, nc.Enabled)
+	diff("redis.coalesce.pipelines", pc.Pipelines, nc.Pipelines)
+	diff("redis.coalesce.max_batch", pc.MaxBatch, nc.MaxBatch)
+	diff("redis.coalesce.wait", pc.Wait, nc.Wait)
+	diff("deny_cache.enabled", prev.DenyCache.Enabled, next.DenyCache.Enabled)
+	diff("deny_cache.max_entries", prev.DenyCache.MaxEntries, next.DenyCache.MaxEntries)
 	return out
 }
 
@@ -135,46 +136,33 @@ func keepRunning(prev, next *config.Config) {
 
 // identityChanges names the identity fields that differ
 // ("identity.user_header", ...).
-func identityChanges(prev, next config.Identity) []string {
+func identityChanges(p, n config.Identity) []string {
 	var out []string
-	for _, f := range structDiff(prev, next) {
-		out = append(out, "identity."+f)
+	for _, f := range []struct {
+		name string
+		same bool
+	}{
+		{"user_header", p.UserHeader == n.UserHeader},
+		{"ip_header", p.IPHeader == n.IPHeader},
+		{"trusted_proxies", slices.Equal(p.TrustedProxies, n.TrustedProxies)},
+		{"anonymous", p.Anonymous == n.Anonymous},
+		{"uri_header", p.URIHeader == n.URIHeader},
+		{"url_header", p.URLHeader == n.URLHeader},
+		{"method_header", p.MethodHeader == n.MethodHeader},
+		{"host_header", p.HostHeader == n.HostHeader},
+		{"cost_header", p.CostHeader == n.CostHeader},
+		{"max_cost", p.MaxCost == n.MaxCost},
+		{"request_id_header", p.RequestIDHeader == n.RequestIDHeader},
+		{"ipv6_prefix", p.IPv6Prefix == n.IPv6Prefix},
+	} {
+		if !f.same {
+			out = append(out, "identity."+f.name)
+		}
+	}
+	if reflect.DeepEqual(p, n) != (len(out) == 0) {
+		// A field this list does not know changed: say so rather than
+		// apply it silently or not at all.
+		out = append(out, "identity (a field this version cannot name)")
 	}
 	return out
-}
-
-// structDiff names the fields of two values of one struct type that
-// differ, by their config-file name (the snake_case of the Go name).
-func structDiff(a, b any) []string {
-	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
-	var out []string
-	for i := 0; i < va.NumField(); i++ {
-		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
-			out = append(out, snake(va.Type().Field(i).Name))
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// snake turns a Go field name into its config key: MaxEntries ->
-// max_entries, URIHeader -> uri_header, TrustedProxies -> trusted_proxies.
-func snake(name string) string {
-	var b []byte
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		upper := 'A' <= c && c <= 'Z'
-		if upper && i > 0 {
-			prevLower := 'a' <= name[i-1] && name[i-1] <= 'z'
-			nextLower := i+1 < len(name) && 'a' <= name[i+1] && name[i+1] <= 'z'
-			if prevLower || nextLower && 'A' <= name[i-1] && name[i-1] <= 'Z' {
-				b = append(b, '_')
-			}
-		}
-		if upper {
-			c += 'a' - 'A'
-		}
-		b = append(b, c)
-	}
-	return string(b)
 }

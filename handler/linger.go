@@ -3,6 +3,7 @@ package handler
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,10 +41,26 @@ func (l lingerListener) Accept() (net.Conn, error) {
 
 type lingerConn struct {
 	*net.TCPConn
+	// writeFailed is set when a write failed (a client that does not read
+	// ran the write timeout out): such a connection closes at once,
+	// reading for it would only help it along.
+	writeFailed atomic.Bool
+}
+
+// Write records a failed write.
+func (c *lingerConn) Write(b []byte) (int, error) {
+	n, err := c.TCPConn.Write(b)
+	if err != nil {
+		c.writeFailed.Store(true)
+	}
+	return n, err
 }
 
 // Close half-closes, drains what the client still sends, then closes.
 func (c *lingerConn) Close() error {
+	if c.writeFailed.Load() {
+		return c.TCPConn.Close()
+	}
 	if err := c.CloseWrite(); err != nil {
 		return c.TCPConn.Close()
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/policy"
 )
@@ -51,7 +50,7 @@ func (h headerMap) Peek(key string) []byte { return h[textproto.CanonicalMIMEHea
 // identityFromQuery builds the request whose key the rule would use, from
 // ?ip=&user=&route=&method=&host=&header.<Name>=. Every dimension the rule
 // is keyed on must be given; the error names the missing or bad parameter.
-func identityFromQuery(r *limits.Rule, args *fasthttp.Args) (*limits.Request, error) {
+func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*limits.Request, error) {
 	req := &limits.Request{}
 	hdrs := headerMap{}
 	req.Headers = hdrs
@@ -68,7 +67,8 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args) (*limits.Request, er
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("ip: %q is not an IP address", args.Peek("ip")))
 		} else {
-			req.IP = a.Unmap().AppendTo(nil)
+			// The same ip dimension /auth uses: an IPv6 address is its network.
+			req.IP = limits.AppendIPIdentity(nil, a, ipv6Prefix)
 		}
 	}
 	for _, p := range r.Key {
@@ -87,7 +87,7 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args) (*limits.Request, er
 			}
 		case limits.KeyRoute:
 			if v, ok := need("route"); ok {
-				req.Route = handler.NormalizeRoute(nil, v)
+				req.Route = limits.NormalizeRoute(nil, v)
 			}
 		case limits.KeyMethod:
 			if v, ok := need("method"); ok {
@@ -131,7 +131,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 		writeError(ctx, fasthttp.StatusNotFound, "no such rule \""+name+"\"", nil)
 		return
 	}
-	req, err := identityFromQuery(r, ctx.QueryArgs())
+	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()))
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(problemList))
 		return

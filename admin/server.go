@@ -77,6 +77,8 @@ type Server struct {
 	log      zerolog.Logger
 	timeout  time.Duration
 	pprof    bool
+	// ipv6Prefix makes ?ip= the ip dimension /auth uses (identity.ipv6_prefix).
+	ipv6Prefix atomic.Int32
 
 	bufs sync.Pool // of *bytes.Buffer, for /metrics
 }
@@ -98,6 +100,8 @@ type ServerOptions struct {
 	// Pprof serves Go's profiles under /debug/pprof/ (off by default: a
 	// CPU profile costs the service while it runs).
 	Pprof bool
+	// IPv6Prefix is identity.ipv6_prefix, for ?ip= (SetIPv6Prefix changes it).
+	IPv6Prefix int
 }
 
 // NewServer returns the admin API handler.
@@ -113,6 +117,7 @@ func NewServer(opts ServerOptions) *Server {
 		pprof:    opts.Pprof,
 	}
 	s.SetToken(opts.Token)
+	s.SetIPv6Prefix(opts.IPv6Prefix)
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -130,6 +135,10 @@ func (s *Server) SetToken(token string) {
 	h := sha256.Sum256([]byte(token))
 	s.token.Store(&h)
 }
+
+// SetIPv6Prefix sets the network length an IPv6 ?ip= is counted by (a
+// reload of identity.ipv6_prefix); <= 0 means limits.DefaultIPv6Prefix.
+func (s *Server) SetIPv6Prefix(bits int) { s.ipv6Prefix.Store(int32(bits)) }
 
 // authorized checks "Authorization: Bearer <token>": the scheme in any case
 // (RFC 9110 section 11.1), the token compared in constant time (both sides

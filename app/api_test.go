@@ -468,3 +468,30 @@ func TestAdminRoutesMatchTheRawPath(t *testing.T) {
 	s.api("PUT", "/v1/rules/r2/override", `{"limit":3}`, 200, nil)
 	s.api("GET", "/v1/keys/r2?ip=192.0.2.1", "", 200, nil)
 }
+
+// TestKeysIPv6IsThePrefix: the admin API's ?ip= names the same identity as
+// /auth: an IPv6 address is its /64 (identity.ipv6_prefix), so inspecting
+// any address of the network shows the quota the whole network spent.
+func TestKeysIPv6IsThePrefix(t *testing.T) {
+	s := newStack(t, `rules:
+  - name: r
+    key: [ip]
+    algorithm: fixed_window
+    limit: 2
+    period: 1h
+`, "")
+	for _, ip := range []string{"2001:db8:1:2::1", "2001:db8:1:2:ffff::7"} {
+		if got := s.ask("X-Original-URI", "/", "X-Real-IP", ip); got != 204 {
+			t.Fatalf("%s: %d", ip, got)
+		}
+	}
+	var k admin.KeyView
+	s.api("GET", "/v1/keys/r?ip=2001:db8:1:2::99", "", 200, &k)
+	if k.Remaining != 0 || !strings.Contains(k.Key, "2001:db8:1:2::/64") {
+		t.Fatalf("key view of another address of the /64: %+v", k)
+	}
+	s.api("GET", "/v1/keys/r?ip=2001:db8:1:3::1", "", 200, &k)
+	if k.Remaining != 2 {
+		t.Fatalf("another /64: remaining %d, want 2", k.Remaining)
+	}
+}

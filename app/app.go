@@ -155,7 +155,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	a.admin = admin.NewServer(admin.ServerOptions{
 		Token: cfg.Admin.Token, Rules: a.rules, Limiter: a.limiter, Reloader: reloader,
-		Metrics: a.metrics, Top: a.top, Log: a.log, Pprof: opts.Pprof,
+		Metrics: a.metrics, Top: a.top, Log: a.log, Pprof: opts.Pprof, IPv6Prefix: cfg.Identity.IPv6Prefix,
 	})
 
 	if opts.Watch {

@@ -70,6 +70,7 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	res.Applied = append(res.Applied, idChanged...)
 	if next.DenyStatus != prev.DenyStatus || len(idChanged) > 0 {
 		a.handler.Store(a.newHandler(next))
+		a.admin.SetIPv6Prefix(next.Identity.IPv6Prefix)
 	}
 	a.cfg = next
 	a.metrics.Reloaded(true)

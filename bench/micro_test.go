@@ -51,7 +51,7 @@ func BenchmarkNormalizeRoute(b *testing.B) {
 			dst := make([]byte, 0, 256)
 			b.ReportAllocs()
 			for b.Loop() {
-				dst = handler.NormalizeRoute(dst[:0], src)
+				dst = limits.NormalizeRoute(dst[:0], src)
 			}
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
 )
 
@@ -136,7 +135,7 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	}
 	field("algorithm", "%s", r.Algorithm)
 	field("limit", "%d per %s", r.Limit, FormatDuration(r.Period))
-	if q, w, scaled := handler.PolicyWindow(r.Limit, r.Period); scaled {
+	if q, w, scaled := limits.PolicyWindow(r.Limit, r.Period); scaled {
 		field("warning", "the period %s is not a whole number of seconds, which RateLimit-Policy needs: it says q=%d;w=%d (%d periods of %s: the same rate, stated over %ds)",
 			FormatDuration(r.Period), q, w, q/r.Limit, FormatDuration(r.Period), w)
 	}

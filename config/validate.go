@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/rategate/rategate/handler"
 	"math/bits"
 	"net"
 	"net/netip"
@@ -547,7 +546,7 @@ func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format strin
 		case strings.HasPrefix(v.V, "/"):
 			// Routes are normalized before matching, so a prefix that is not
 			// itself normalized could never match: say what to write instead.
-			if n := string(handler.NormalizeRoute(nil, []byte(v.V))); n != v.V {
+			if n := string(limits.NormalizeRoute(nil, []byte(v.V))); n != v.V {
 				at(v.Line, "match.path %q is not a normalized route and would never match; write %q", v.V, n)
 				break
 			}

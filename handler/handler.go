@@ -209,7 +209,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 		h.timeout = DefaultTimeout
 	}
 	if h.ipv6Prefix <= 0 {
-		h.ipv6Prefix = DefaultIPv6Prefix
+		h.ipv6Prefix = limits.DefaultIPv6Prefix
 	}
 
 	const urlVars = "$scheme://$http_host$request_uri"

@@ -171,7 +171,7 @@ func FuzzIdentityKey(f *testing.F) {
 
 		// The route spelled in its normal form keys the same.
 		norm := in
-		norm.uri = string(NormalizeRoute(nil, []byte(a.uri)))
+		norm.uri = string(limits.NormalizeRoute(nil, []byte(a.uri)))
 		if c, ok := rig.serve(t, norm); ok && c.status == 204 && c.uri == norm.uri && c.keys["r"] != a.keys["r"] {
 			t.Fatalf("uri %q keys %q but its normal form %q keys %q", a.uri, a.keys["r"], norm.uri, c.keys["r"])
 		}

@@ -28,14 +28,14 @@ func TestAppendIPIdentity(t *testing.T) {
 		{"192.0.2.7", 48, "192.0.2.7"},
 	}
 	for _, tt := range tests {
-		got := string(AppendIPIdentity([]byte("x="), netip.MustParseAddr(tt.addr), tt.bits))
+		got := string(limits.AppendIPIdentity([]byte("x="), netip.MustParseAddr(tt.addr), tt.bits))
 		if got != "x="+tt.want {
-			t.Errorf("AppendIPIdentity(%s, %d) = %q, want %q", tt.addr, tt.bits, got, "x="+tt.want)
+			t.Errorf("limits.AppendIPIdentity(%s, %d) = %q, want %q", tt.addr, tt.bits, got, "x="+tt.want)
 		}
 	}
 	// IPv4-mapped addresses are unmapped by parseIP, before masking.
 	a, ok := parseIP([]byte("::ffff:192.0.2.7"))
-	if got := string(AppendIPIdentity(nil, a, 64)); !ok || got != "192.0.2.7" {
+	if got := string(limits.AppendIPIdentity(nil, a, 64)); !ok || got != "192.0.2.7" {
 		t.Errorf("mapped address: %q, want 192.0.2.7", got)
 	}
 }
@@ -46,7 +46,7 @@ func TestAppendIPIdentityAllocs(t *testing.T) {
 	}
 	buf := make([]byte, 0, 64)
 	a := netip.MustParseAddr("2001:db8:1:2:3:4:5:6")
-	if n := testing.AllocsPerRun(1000, func() { buf = AppendIPIdentity(buf[:0], a, 64) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { buf = limits.AppendIPIdentity(buf[:0], a, 64) }); n != 0 {
 		t.Fatalf("%v allocations per AppendIPIdentity, want 0", n)
 	}
 }

@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -411,14 +412,26 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 
 	// A server without the script (restarted, failed over, flushed)
 	// answers NOSCRIPT; EVAL sends the source, which also caches it.
-	retry := false
-	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			cmds[i] = c.script.Eval(ctx, pipe, live[i].keys, live[i].args...)
-			retry = true
+	// Two things may be sent again, because Redis never ran them: a
+	// script a server lacks (restarted, failed over, flushed) answers
+	// NOSCRIPT, and EVAL sends the source, which also caches it; and a
+	// pipeline that could not even be written (no connection could be
+	// dialed: a Sentinel primary just switched) is tried once more.
+	for attempt := 0; attempt < 2; attempt++ {
+		retry := false
+		for i, cmd := range cmds {
+			switch err := cmd.Err(); {
+			case isNoScript(err):
+				cmds[i] = c.script.Eval(ctx, pipe, live[i].keys, live[i].args...)
+				retry = true
+			case attempt == 0 && notSent(err) && ctx.Err() == nil:
+				cmds[i] = c.script.EvalSha(ctx, pipe, live[i].keys, live[i].args...)
+				retry = true
+			}
 		}
-	}
-	if retry {
+		if !retry {
+			break
+		}
 		_, _ = pipe.Exec(ctx)
 	}
 	for i, call := range live {
@@ -431,6 +444,16 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 		}
 	}
 	return cmds
+}
+
+// notSent reports an error that proves the command never left rategate:
+// no connection could be dialed, or none could be had from the pool.
+func notSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // isNoScript reports a NOSCRIPT error reply.

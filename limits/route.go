@@ -1,4 +1,4 @@
-package handler
+package limits
 
 // Route normalization (docs/decision-endpoint.md). The route is what rules
 // match on and what the `route` key dimension counts, so it must be the path
@@ -12,11 +12,11 @@ package handler
 // that the route is printable ASCII and two different decoded paths never
 // give one route.
 
-// literal says which bytes of a decoded path the route writes as
+// routeLiteral says which bytes of a decoded path the route writes as
 // themselves: unreserved characters, sub-delims, ':' and '@' (RFC 3986
 // pchar). Every other byte, '%' included, is written %XX. Since '%' is never
 // literal, reading the route back is unambiguous.
-var literal = func() (t [256]bool) {
+var routeLiteral = func() (t [256]bool) {
 	for c := 'a'; c <= 'z'; c++ {
 		t[c] = true
 	}
@@ -31,8 +31,6 @@ var literal = func() (t [256]bool) {
 	}
 	return t
 }()
-
-const upperHex = "0123456789ABCDEF"
 
 func unhex(c byte) (byte, bool) {
 	switch {
@@ -105,10 +103,10 @@ func NormalizeRoute(dst, uri []byte) []byte {
 				more = true
 				break
 			}
-			if literal[c] {
+			if routeLiteral[c] {
 				out = append(out, c)
 			} else {
-				out = append(out, '%', upperHex[c>>4], upperHex[c&15])
+				out = append(out, '%', hexDigits[c>>4], hexDigits[c&15])
 			}
 		}
 		// '.' is always written literally, so the segment's written form
@@ -186,8 +184,9 @@ func schemeLen(b []byte) int {
 	return i + 3
 }
 
-// isAbsoluteURL reports whether b starts with a scheme and "://".
-func isAbsoluteURL(b []byte) bool { return schemeLen(b) > 0 }
+// IsAbsoluteURL reports whether b starts with a scheme and "://" (an
+// absolute-form target, or X-Original-URL).
+func IsAbsoluteURL(b []byte) bool { return schemeLen(b) > 0 }
 
 func isAlpha(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

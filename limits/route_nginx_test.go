@@ -1,4 +1,4 @@
-package handler
+package limits
 
 import (
 	"bytes"
@@ -79,8 +79,8 @@ func canonical(decoded string) string {
 			b.WriteByte(c)
 		default:
 			b.WriteByte('%')
-			b.WriteByte(upperHex[c>>4])
-			b.WriteByte(upperHex[c&15])
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
 		}
 	}
 	return b.String()

@@ -1,4 +1,4 @@
-package handler
+package limits
 
 import (
 	"bytes"
@@ -123,7 +123,7 @@ func checkRoute(r []byte) string {
 			return "contains a byte that is not printable ASCII"
 		}
 		if c != '%' {
-			if !literal[c] && c != '/' {
+			if !routeLiteral[c] && c != '/' {
 				return "contains a byte that should be escaped"
 			}
 			continue
@@ -135,7 +135,7 @@ func checkRoute(r []byte) string {
 		}
 		hi, _ := unhex(r[i+1])
 		lo, _ := unhex(r[i+2])
-		if d := hi<<4 | lo; literal[d] || d == '/' {
+		if d := hi<<4 | lo; routeLiteral[d] || d == '/' {
 			return "escapes a byte that is written literally"
 		}
 	}

@@ -387,3 +387,50 @@ func TestRedisDataLoss(t *testing.T) {
 	})
 	t.Logf("cache cleared %v after FLUSHALL", took.Round(time.Millisecond))
 }
+
+// TestCachedDenialListsEveryRule: a denial the deny cache answers carries
+// the same rate-limit headers as the store's denial before it: every
+// matching rule in RateLimit-Policy and RateLimit, not only the denying one.
+func TestCachedDenialListsEveryRule(t *testing.T) {
+	s := newStack(t, `rules:
+  - name: per-ip
+    key: [ip]
+    algorithm: fixed_window
+    limit: 1
+    period: 1h
+  - name: global
+    algorithm: gcra
+    limit: 1000
+    period: 1s
+    burst: 1000
+`, "redis")
+	get := func() *fasthttp.Response {
+		req, resp := fasthttp.AcquireRequest(), &fasthttp.Response{}
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + s.auth.Addr + "/auth")
+		req.Header.Set("X-Original-URI", "/")
+		req.Header.Set("X-Real-IP", "192.0.2.33")
+		if err := s.auth.DoTimeout(req, resp, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	get()
+	store, cached := get(), get()
+	if store.StatusCode() != 429 || cached.StatusCode() != 429 {
+		t.Fatalf("statuses %d, %d, want 429 twice", store.StatusCode(), cached.StatusCode())
+	}
+	if s.limiter.DenyCache().Len() == 0 {
+		t.Fatal("the second denial was not cached")
+	}
+	for _, h := range []string{"RateLimit-Policy", "X-RateLimit-Rule", "X-RateLimit-Limit"} {
+		a, b := string(store.Header.Peek(h)), string(cached.Header.Peek(h))
+		if a != b {
+			t.Errorf("%s: store's denial %q, cached denial %q", h, a, b)
+		}
+	}
+	rl := string(cached.Header.Peek("RateLimit"))
+	if !strings.Contains(rl, `"per-ip";r=0`) || !strings.Contains(rl, `"global";r=`) {
+		t.Errorf("cached denial RateLimit %q, want both rules", rl)
+	}
+}

@@ -74,7 +74,7 @@ func TestShippedConfigsRunUnprivileged(t *testing.T) {
 			url := fmt.Sprintf("http://127.0.0.1:%d/nginx-health", port)
 			err := waitFor(10*time.Second, func() error {
 				if p.exited() {
-					return fmt.Errorf("exited: %v", p.err)
+					return fmt.Errorf("exited: %v", p.Err())
 				}
 				return httpStatus(url, http.StatusOK)
 			})

@@ -417,7 +417,7 @@ func runPrometheus(t *testing.T, bin, dir string, rg *rategate, token string, qs
 		"--log.level=warn")
 	if err := waitFor(30*time.Second, func() error {
 		if p.exited() {
-			return fmt.Errorf("exited: %v", p.err)
+			return fmt.Errorf("exited: %v", p.Err())
 		}
 		return httpStatus(api+"/-/ready", http.StatusOK)
 	}); err != nil {

@@ -11,6 +11,6 @@
 // A missing nginx, redis-server, curl or docker-compose binary fails the
 // suite with the apt-get command that installs it. Set RATEGATE_E2E_KEEP=1
 // to keep the work directory (configs, nginx and rategate logs) after a run,
-// and RATEGATE_E2E_BINARY=path to test a prebuilt rategate instead of
+// and RATEGATE_BINARY=path to test a prebuilt rategate instead of
 // building one from the repository.
 package e2e

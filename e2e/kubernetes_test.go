@@ -198,7 +198,7 @@ func TestKubernetesDeployment(t *testing.T) {
 	for name, p := range map[string]k8sProbe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		if err := waitFor(10*time.Second, func() error {
 			if proc.exited() {
-				return fmt.Errorf("exited: %v", proc.err)
+				return fmt.Errorf("exited: %v", proc.Err())
 			}
 			return httpStatus(probeURL(p), http.StatusOK)
 		}); err != nil {

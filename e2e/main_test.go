@@ -7,9 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rategate/rategate/internal/procs"
 )
 
 var (
@@ -96,26 +97,15 @@ var build struct {
 	err  error
 }
 
-// rategateBinary builds rategate from the repository once per run and
-// returns its path. RATEGATE_E2E_BINARY names a prebuilt binary to test
-// instead (a release build, say).
+// rategateBinary builds rategate from the repository once per run
+// (internal/procs) and returns its path. RATEGATE_BINARY names a prebuilt
+// binary to test instead (a release build, say).
 func rategateBinary(t testing.TB) string {
 	t.Helper()
 	build.once.Do(func() {
-		if p := os.Getenv("RATEGATE_E2E_BINARY"); p != "" {
-			build.path, build.err = filepath.Abs(p)
-			return
-		}
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-		}
-		build.path = filepath.Join(workDir, "bin", "rategate")
-		cmd := exec.Command(goBin, "build", "-o", build.path, ".")
-		cmd.Dir = repoRoot
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			build.err = fmt.Errorf("go build -o %s . in %s: %v\n%s", build.path, repoRoot, err, strings.TrimSpace(string(out)))
+		dir := filepath.Join(workDir, "bin")
+		if build.err = os.MkdirAll(dir, 0o755); build.err == nil {
+			build.path, build.err = procs.Build(dir)
 		}
 	})
 	if build.err != nil {

@@ -5,21 +5,20 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rategate/rategate/internal/procs"
 )
 
-// proc is one process the suite started, in its own process group so that
-// stopping it also stops its children (nginx workers).
+// proc is one process the suite started (internal/procs: its own process
+// group, so that stopping it also stops its children, nginx workers among
+// them; dead with the test binary; output appended to its log).
 type proc struct {
+	*procs.Process
 	name    string
 	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	err     error // from Wait, valid once done is closed
 }
 
 // startProc starts bin with args, stdout and stderr appended to logPath, and
@@ -40,53 +39,20 @@ func startProcOwned(t, owner testing.TB, name, logPath, bin string, args ...stri
 // startProcEnv is startProcOwned with env added to the suite's environment.
 func startProcEnv(t, owner testing.TB, env []string, name, logPath, bin string, args ...string) *proc {
 	t.Helper()
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	pr, err := procs.Start(name, logPath, bin, args, env)
 	if err != nil {
-		t.Fatalf("%s: log file: %v", name, err)
+		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	cmd.Stdout, cmd.Stderr = f, f
-	// Own process group, so kill(-pgid) reaches every child; and die with
-	// the test binary should it be killed before its cleanups run.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("%s: start %s: %v", name, bin, err)
-	}
-	p := &proc{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
+	p := &proc{Process: pr, name: name, logPath: logPath}
 	owner.Cleanup(p.stop)
 	return p
 }
 
 // stop kills the process group and waits (bounded) for the process.
-func (p *proc) stop() {
-	if p.exited() {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-	}
-}
+func (p *proc) stop() { p.Kill() }
 
 // exited reports whether the process has ended.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
+func (p *proc) exited() bool { return p.Exited() }
 
 // logTail returns the last lines of the process's log, for failure messages.
 func (p *proc) logTail() string {

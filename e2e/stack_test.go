@@ -59,7 +59,7 @@ func (r *rategate) start(t testing.TB) {
 	url := "http://" + r.addr() + "/readyz"
 	err := waitFor(10*time.Second, func() error {
 		if r.proc.exited() {
-			return fmt.Errorf("exited: %v", r.proc.err)
+			return fmt.Errorf("exited: %v", r.proc.Err())
 		}
 		return httpStatus(url, http.StatusOK)
 	})
@@ -294,7 +294,7 @@ func startNginx(t testing.TB, name, conf string, rw rewrite) *nginxServer {
 		url := fmt.Sprintf("http://127.0.0.1:%d/nginx-health", n.port)
 		err := waitFor(10*time.Second, func() error {
 			if n.proc.exited() {
-				return fmt.Errorf("exited: %v", n.proc.err)
+				return fmt.Errorf("exited: %v", n.proc.Err())
 			}
 			return httpStatus(url, http.StatusOK)
 		})

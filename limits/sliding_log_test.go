@@ -92,18 +92,28 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 		if len(members) != 31 {
 			t.Fatalf("%d members, want 31 (30 at one microsecond + 1)", len(members))
 		}
-		memberRE := regexp.MustCompile(`^(\d+):(\d+):(\d+)$`)
-		sum := int64(0)
-		for _, z := range members {
+		// Members are "<n><K>:<cost>": K the running total of the costs, n a
+		// letter for K's digit count, so that member order is K order.
+		memberRE := regexp.MustCompile(`^([a-p])(\d+):(\d+)$`)
+		sum, prevK := int64(0), int64(0)
+		for i, z := range members {
 			m := memberRE.FindStringSubmatch(z.Member.(string))
-			if m == nil {
-				t.Fatalf("member %q is not <time>:<seq>:<cost>", z.Member)
+			if m == nil || int(m[1][0]-'a'+1) != len(m[2]) {
+				t.Fatalf("member %q is not <digit-count letter><K>:<cost>", z.Member)
 			}
-			at, _ := strconv.ParseInt(m[1], 10, 64)
-			if float64(at) != z.Score {
-				t.Fatalf("member %q has score %v", z.Member, z.Score)
-			}
+			k, _ := strconv.ParseInt(m[2], 10, 64)
 			cost, _ := strconv.ParseInt(m[3], 10, 64)
+			if k != prevK+cost {
+				t.Fatalf("member %d %q: running total %d, want %d + %d", i, z.Member, k, prevK, cost)
+			}
+			if want := float64(start); i == 30 {
+				if z.Score != want+1e6 {
+					t.Fatalf("member %q has score %v, want %v", z.Member, z.Score, want+1e6)
+				}
+			} else if z.Score != want {
+				t.Fatalf("member %q has score %v, want %v", z.Member, z.Score, want)
+			}
+			prevK = k
 			sum += cost
 		}
 		if sum != 40 {

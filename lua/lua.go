@@ -60,9 +60,10 @@ func Code(algorithm string) int {
 // top level (every function definition) on each call, FCALL runs only the
 // function.
 type FunctionLibrary struct {
-	// Name is "rategate_<version>", the version a hash of the library's
-	// code: it changes whenever any of the sources does, so two rategate
-	// versions never replace each other's library.
+	// Name is "rategate_<version>", the version 12 hex digits of a hash of
+	// the sources (comments included) and the library's code: it changes
+	// whenever any of them does, so two rategate versions never replace
+	// each other's library.
 	Name string
 	// Source is the library's code, "#!lua name=<Name>" first.
 	Source string
@@ -103,11 +104,36 @@ type assembly struct {
 }
 
 func mustBuild() assembly {
-	a, err := build()
+	a, err := build(Source)
 	if err != nil {
 		panic(err)
 	}
 	return a
+}
+
+// source reads one script by file name; Source, or another set in tests.
+type source func(name string) (string, error)
+
+// strip drops the lines that hold only a comment, and blank lines, from a
+// part of an assembled script: the assembled scripts are for Redis (the
+// sources, with their comments, are the files), and a script's whole text
+// is sent again on every EVAL that follows a NOSCRIPT. Lines that hold code
+// keep their trailing comments. Block comments are refused: a line-wise cut
+// could break them.
+func strip(name, src string) (string, error) {
+	var sb strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		t := strings.TrimSpace(line)
+		if strings.Contains(t, "--[[") || strings.Contains(t, "--[=") {
+			return "", fmt.Errorf("lua: %s has a block comment; the builder strips comments line by line", name)
+		}
+		if t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		sb.WriteString(line)
+		sb.WriteString("\n")
+	}
+	return sb.String(), nil
 }
 
 // algorithm is one algorithm file's functions.
@@ -119,10 +145,10 @@ type algorithm struct {
 
 // algorithmParts reads every algorithm file and checks that it defines the
 // three functions the drivers call.
-func algorithmParts() ([]algorithm, error) {
+func algorithmParts(read source) ([]algorithm, error) {
 	var out []algorithm
 	for i, a := range algorithmFiles {
-		src, err := Source(a.file)
+		src, err := read(a.file)
 		if err != nil {
 			return nil, err
 		}
@@ -130,7 +156,10 @@ func algorithmParts() ([]algorithm, error) {
 		if cut < 0 {
 			return nil, fmt.Errorf("lua: %s has no %q line", a.file, standaloneMarker)
 		}
-		body := src[:cut]
+		body, err := strip(a.file, src[:cut])
+		if err != nil {
+			return nil, err
+		}
 		for _, f := range []string{a.fn, a.fn + "_put", a.fn + "_refund"} {
 			if n := strings.Count(body, "local function "+f+"("); n != 1 {
 				return nil, fmt.Errorf("lua: %s defines %s %d times above its %q line, want once", a.file, f, n, standaloneMarker)
@@ -156,9 +185,12 @@ func dispatch(sb *strings.Builder, algos []algorithm) {
 }
 
 // refundDriver returns refund.lua with its two tables filled in.
-func refundDriver(algos []algorithm) (string, error) {
-	drv, err := Source("refund.lua")
+func refundDriver(read source, algos []algorithm) (string, error) {
+	drv, err := read("refund.lua")
 	if err != nil {
+		return "", err
+	}
+	if drv, err = strip("refund.lua", drv); err != nil {
 		return "", err
 	}
 	var at, rt []string
@@ -173,20 +205,30 @@ func refundDriver(algos []algorithm) (string, error) {
 	return strings.Replace(drv, "REFUND_TABLE", strings.Join(rt, ", "), 1), nil
 }
 
-func build() (assembly, error) {
-	algos, err := algorithmParts()
+func build(readFile source) (assembly, error) {
+	// The library's version hashes every source read, comments included.
+	sources := sha1.New()
+	read := func(name string) (string, error) {
+		src, err := readFile(name)
+		fmt.Fprintf(sources, "%s %d\n%s", name, len(src), src)
+		return src, err
+	}
+	algos, err := algorithmParts(read)
 	if err != nil {
 		return assembly{}, err
 	}
-	decideDrv, err := Source("decide.lua")
+	decideDrv, err := read("decide.lua")
 	if err != nil {
 		return assembly{}, err
 	}
-	refundDrv, err := refundDriver(algos)
+	if decideDrv, err = strip("decide.lua", decideDrv); err != nil {
+		return assembly{}, err
+	}
+	refundDrv, err := refundDriver(read, algos)
 	if err != nil {
 		return assembly{}, err
 	}
-	clamp, err := Source("clamp_gcra.lua")
+	clamp, err := read("clamp_gcra.lua")
 	if err != nil {
 		return assembly{}, err
 	}
@@ -197,7 +239,7 @@ func build() (assembly, error) {
 	// that runs only when its code is in ARGV, its three functions assigned
 	// to locals declared outside the block.
 	var d strings.Builder
-	d.WriteString("-- rategate decide script, assembled by lua.go from lua/*.lua.\n")
+	d.WriteString("-- rategate decide script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
 	var used, scan []string
 	for _, a := range algos {
 		used = append(used, fmt.Sprintf("rg_u%d", a.code))
@@ -218,7 +260,7 @@ func build() (assembly, error) {
 	d.WriteString(decideDrv)
 
 	var r strings.Builder
-	r.WriteString("-- rategate refund script, assembled by lua.go from lua/*.lua.\n")
+	r.WriteString("-- rategate refund script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
 	for _, a := range algos {
 		r.WriteString(a.body)
 		r.WriteString("\n")
@@ -238,10 +280,10 @@ func build() (assembly, error) {
 	l.WriteString("end\n\nlocal function rg_refund(KEYS, ARGV)\n")
 	l.WriteString(refundDrv)
 	l.WriteString("end\n\n")
-	sum := sha1.Sum([]byte(l.String()))
-	lib := FunctionLibrary{Name: "rategate_" + hex.EncodeToString(sum[:6])}
+	sources.Write([]byte(l.String()))
+	lib := FunctionLibrary{Name: "rategate_" + hex.EncodeToString(sources.Sum(nil)[:6])}
 	lib.Decide, lib.Refund = lib.Name+"_decide", lib.Name+"_refund"
-	lib.Source = fmt.Sprintf("#!lua name=%s\n-- rategate function library, assembled by lua.go from lua/*.lua.\n%s"+
+	lib.Source = fmt.Sprintf("#!lua name=%s\n-- rategate function library, assembled by lua.go from lua/*.lua (their comments explain it).\n%s"+
 		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_refund)\n",
 		lib.Name, l.String(), lib.Decide, lib.Refund)
 

@@ -43,13 +43,17 @@ if n == 1 then
 end
 
 local reply = {1, now}
--- pending writes: code and four values per check, only for allowed checks
-local pend = {}
+-- pending writes, 10 values per allowed check: code, limit, period, burst,
+-- the four the algorithm hands back for its put, and the remaining and
+-- reset a zero-cost look would report (sized for two checks, grown beyond)
+local pend = {false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false, false, false, false, false}
 for i = 1, n do
   local b = 2 + (i - 1) * 6
   local code = tonumber(ARGV[b])
-  local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, KEYS[i], now, tonumber(ARGV[b + 1]),
-    tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), false)
+  local limit, period, burst = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, KEYS[i], now, limit, period, burst,
+    tonumber(ARGV[b + 4]), false)
   if not a then
     return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[b]))
   end
@@ -57,32 +61,30 @@ for i = 1, n do
   local o = 3 + (i - 1) * 4
   reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
   if a == 1 and w1 then
-    local q = (i - 1) * 5
-    pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, w1, w2, w3, w4
+    local q = (i - 1) * 10
+    pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
+    pend[q + 6], pend[q + 7], pend[q + 8], pend[q + 9], pend[q + 10] = w2, w3, w4, lrem, lreset
   end
 end
 
 if reply[1] == 1 then
   for i = 1, n do
-    local q = (i - 1) * 5
+    local q = (i - 1) * 10
     if pend[q + 1] then
-      local b = 2 + (i - 1) * 6
-      rg_put(pend[q + 1], KEYS[i], now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
-        pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5])
+      rg_put(pend[q + 1], KEYS[i], now, pend[q + 2], pend[q + 3], pend[q + 4],
+        pend[q + 5], pend[q + 6], pend[q + 7], pend[q + 8])
     end
   end
   return reply
 end
 
 -- Denied: nothing is written; rules that would have taken something report
--- their quota as it stands (a zero-cost look).
+-- their quota as it stands, what a zero-cost look reports.
 for i = 1, n do
-  if pend[(i - 1) * 5 + 1] then
-    local b = 2 + (i - 1) * 6
-    local a, rem, reset, retry = rg_check(tonumber(ARGV[b]), KEYS[i], now, tonumber(ARGV[b + 1]),
-      tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), 0, false)
+  local q = (i - 1) * 10
+  if pend[q + 1] then
     local o = 3 + (i - 1) * 4
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
+    reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
   end
 end
 return reply

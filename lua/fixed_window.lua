@@ -29,7 +29,9 @@ end
 -- fixed_window returns allowed, remaining, reset, retry and, when an
 -- admission has something to write, what fixed_window_put needs: the new
 -- count, and the window's end when the key is new (nil: only the count
--- changes, the window's first commit already set e and the expiry).
+-- changes, the window's first commit already set e and the expiry); then
+-- the remaining and reset a zero-cost look would report instead (for a
+-- request another rule denies).
 local function fixed_window(key, now, limit, period, burst, cost)
   local we = math.floor(now / period) * period + period
   local st = redis.call('HMGET', key, 'e', 'n')
@@ -57,11 +59,12 @@ local function fixed_window(key, now, limit, period, burst, cost)
     if remaining < 0 then remaining = 0 end
     return 0, remaining, reset, retry
   end
-  count = count + cost
-  if count == 0 then return 1, limit, 0, 0 end
+  if count + cost == 0 then return 1, limit, 0, 0 end
   if cost == 0 then return 1, limit - count, reset, 0 end
-  if e then return 1, limit - count, reset, 0, count end
-  return 1, limit - count, reset, 0, count, we
+  -- the last two: what a zero-cost look reports now (decide.lua's denials)
+  local lreset = reset
+  if count == 0 then lreset = 0 end
+  return 1, limit - count - cost, reset, 0, count + cost, (not e) and we or nil, nil, nil, limit - count, lreset
 end
 
 local function fixed_window_put(key, now, limit, period, burst, count, e)

@@ -89,8 +89,10 @@ func decideArgs(now int64, checks ...[5]int64) []any {
 
 // BenchmarkDecide measures the assembled decide script per algorithm: one
 // check per call (limit 100 per minute, cost 1) against a fixed set of 1000
-// keys, round robin, on the Redis clock; and a three-rule call (fixed_window,
-// sliding_window and gcra keys sharing one hash tag).
+// keys, round robin, on the Redis clock; then calls of several checks whose
+// keys share one hash tag: two_rules (fixed_window, sliding_window),
+// three_rules (those and gcra 10 per second, burst 20), and gcra_denying
+// (that gcra rule alone, which denies most calls once its burst is spent).
 func BenchmarkDecide(b *testing.B) {
 	src, err := lua.Decide()
 	if err != nil {
@@ -112,6 +114,33 @@ func BenchmarkDecide(b *testing.B) {
 			b.ReportMetric(float64(calls), "calls")
 		})
 	}
+	b.Run("two_rules", func(b *testing.B) {
+		client := testredis.Start(b).Client(b)
+		sha := client.ScriptLoad(context.Background(), src).Val()
+		args := decideArgs(0,
+			[5]int64{int64(lua.Code("fixed_window")), 100, 60_000_000, 100, 1},
+			[5]int64{int64(lua.Code("sliding_window")), 1000, 3_600_000_000, 1000, 1})
+		b.ResetTimer()
+		_, usec := commandStats(b, client, "evalsha", func() {
+			runPipelined(b, client, b.N, func(p redis.Pipeliner, i int) *redis.Cmd {
+				tag := fmt.Sprintf("rg:{bench:%d}:", i%1000)
+				return p.EvalSha(context.Background(), sha, []string{tag + "fw", tag + "sw"}, args...)
+			})
+		})
+		b.ReportMetric(usec, "redis-µs/call")
+	})
+	b.Run("gcra_denying", func(b *testing.B) {
+		client := testredis.Start(b).Client(b)
+		sha := client.ScriptLoad(context.Background(), src).Val()
+		args := decideArgs(0, [5]int64{int64(lua.Code("gcra")), 10, 1_000_000, 20, 1})
+		b.ResetTimer()
+		_, usec := commandStats(b, client, "evalsha", func() {
+			runPipelined(b, client, b.N, func(p redis.Pipeliner, i int) *redis.Cmd {
+				return p.EvalSha(context.Background(), sha, []string{fmt.Sprintf("rg:{bench:%d}:gc", i%1000)}, args...)
+			})
+		})
+		b.ReportMetric(usec, "redis-µs/call")
+	})
 	b.Run("three_rules", func(b *testing.B) {
 		client := testredis.Start(b).Client(b)
 		sha := client.ScriptLoad(context.Background(), src).Val()
@@ -136,9 +165,9 @@ func BenchmarkDecide(b *testing.B) {
 // since filling an O(n)-per-decision log through the script takes hours.
 var oldLogMember = regexp.MustCompile(`^\d+:\d+:\d+$`)
 
-// fillSlidingLog fills key with n cost-1 entries, one every period/n µs from
-// start, the way the script under test lays them out, and returns when.
-func fillSlidingLog(b *testing.B, client *redis.Client, sha, key string, n, start, period int64) {
+// fillSlidingLog fills key with n cost-1 entries, one every step µs from
+// start, the way the script under test lays them out.
+func fillSlidingLog(b *testing.B, client *redis.Client, sha, key string, n, start, period, step int64) {
 	b.Helper()
 	ctx := context.Background()
 	code := int64(lua.Code("sliding_log"))
@@ -153,13 +182,12 @@ func fillSlidingLog(b *testing.B, client *redis.Client, sha, key string, n, star
 		old = len(m) == 1 && oldLogMember.MatchString(m[0])
 	}
 	client.Del(ctx, probe)
-	step := period / n
 	if old {
 		for lo := int64(0); lo < n; lo += 1000 {
 			var zs []redis.Z
 			for i := lo; i < min(lo+1000, n); i++ {
 				t := start + i*step
-				zs = append(zs, redis.Z{Score: float64(t), Member: fmt.Sprintf("%d:0:1", t)})
+				zs = append(zs, redis.Z{Score: float64(t), Member: fmt.Sprintf("%d:%d:1", t, i)})
 			}
 			if err := client.ZAdd(ctx, key, zs...).Err(); err != nil {
 				b.Fatal(err)
@@ -219,9 +247,9 @@ func BenchmarkSlidingLogFullKey(b *testing.B) {
 				sha := client.ScriptLoad(ctx, src).Val()
 				key := "rg:{api:203.0.113.7}:sl"
 				start := time.Now().UnixMicro() + period // ahead of Redis's clock: nothing expires
-				fillSlidingLog(b, client, sha, key, n, start, period)
-				bytes := client.MemoryUsage(ctx, key, 0).Val()
 				step := period / n
+				fillSlidingLog(b, client, sha, key, n, start, period, step)
+				bytes := client.MemoryUsage(ctx, key, 0).Val()
 				client.SlowLogReset(ctx)
 				b.ResetTimer()
 				calls, usec := commandStats(b, client, "evalsha", func() {
@@ -253,5 +281,49 @@ func BenchmarkSlidingLogFullKey(b *testing.B) {
 					n, mode, calls, usec, mean, maxUS, logged, bytes, float64(bytes)/float64(n))
 			})
 		}
+	}
+}
+
+// BenchmarkSlidingLogExpireAll measures the one decision that costs more
+// than O(log n): an admission just after a whole full key's entries leave at
+// once (all admitted in one µs), which removes them. Each iteration fills
+// the key again (not measured) and reports the decision's SLOWLOG duration.
+func BenchmarkSlidingLogExpireAll(b *testing.B) {
+	src, err := lua.Decide()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const period = int64(3_600_000_000)
+	code := int64(lua.Code("sliding_log"))
+	for _, n := range []int64{100, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("L=%d", n), func(b *testing.B) {
+			srv := testredis.Start(b, "slowlog-log-slower-than 0", "slowlog-max-len 100")
+			client := srv.Client(b)
+			ctx := context.Background()
+			sha := client.ScriptLoad(ctx, src).Val()
+			key := "rg:{api:203.0.113.7}:sl"
+			var worst, sum float64
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				client.Del(ctx, key)
+				start := time.Now().UnixMicro() + period
+				fillSlidingLog(b, client, sha, key, n, start, period, 0)
+				client.SlowLogReset(ctx)
+				b.StartTimer()
+				r, err := client.EvalSha(ctx, sha, []string{key}, decideArgs(start+period, [5]int64{code, n, period, n, 1})...).Int64Slice()
+				if err != nil || r[0] != 1 {
+					b.Fatalf("decision after the log left: %v %v, want admitted", r, err)
+				}
+				b.StopTimer()
+				_, maxUS, _ := slowlogStats(b, client)
+				worst = max(worst, maxUS)
+				sum += maxUS
+				if left := client.ZCard(ctx, key).Val(); left != 1 {
+					b.Fatalf("%d entries left, want 1", left)
+				}
+			}
+			b.ReportMetric(sum/float64(b.N), "redis-µs/call")
+			b.ReportMetric(worst, "max-µs")
+		})
 	}
 }

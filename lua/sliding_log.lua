@@ -68,8 +68,9 @@ end
 
 -- sliding_log returns allowed, remaining, reset, retry and, on an
 -- admission, what sliding_log_put needs: the new entry's time, running total
--- and cost, and the key's TTL. solo says that an admission is written right
--- after (one check per request), so the expiry needs no separate care.
+-- and cost, and the key's TTL; then the remaining and reset a zero-cost look
+-- would report instead. solo says that an admission is written right after
+-- (one check per request), so the expiry needs no separate care.
 local function sliding_log(key, now, limit, period, burst, cost, solo)
   local cut = sl_int(now - period)
   local first = redis.call('ZRANGEBYSCORE', key, '(' .. cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -115,17 +116,15 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
     return 0, remaining, reset, retry
   end
 
-  if cost == 0 then
-    local reset = 0
-    if last then reset = last + period - now end
-    return 1, limit - used, reset, 0
-  end
+  local lreset = 0
+  if last then lreset = last + period - now end
+  if cost == 0 then return 1, limit - used, lreset, 0 end
   if last and not solo then sl_keep(key, now, period, last) end
   -- After a clock step back the newest entry can be later than now.
   local at = now
   if last and last > now then at = last end
   local reset = at + period - now
-  return 1, limit - used - cost, reset, 0, at, lastk + cost, cost, reset
+  return 1, limit - used - cost, reset, 0, at, lastk + cost, cost, reset, limit - used, lreset
 end
 
 local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)

@@ -80,7 +80,8 @@ end
 -- sliding_window returns allowed, remaining, reset, retry and, when an
 -- admission has something to write, what sliding_window_put needs: the
 -- current count's window end, the new current and previous counts, and
--- whether the whole record is new (false: only c changes).
+-- whether the whole record is new (false: only c changes); then the
+-- remaining and reset a zero-cost look would report instead.
 local function sliding_window(key, now, limit, period, burst, cost)
   local ws = math.floor(now / period) * period
   local we = ws + period
@@ -156,18 +157,18 @@ local function sliding_window(key, now, limit, period, burst, cost)
     return 0, remaining, reset, retry
   end
 
-  curr = curr + cost
-  est = sw_estimate(prev, curr, elapsed, period)
-  local remaining = math.floor(limit - est)
-  if remaining < 0 then remaining = 0 end
-  local reset = 0
+  local lrem, lreset = math.floor(limit - est), 0
+  if lrem < 0 then lrem = 0 end
   if curr > 0 then
-    reset = sw_gone(cend, period) - now
+    lreset = sw_gone(cend, period) - now
   elseif prev > 0 then
-    reset = we - now
+    lreset = we - now
   end
-  if cost == 0 then return 1, remaining, reset, 0 end
-  return 1, remaining, reset, 0, cend, curr, prev, not same
+  if cost == 0 then return 1, lrem, lreset, 0 end
+  curr = curr + cost
+  local remaining = math.floor(limit - sw_estimate(prev, curr, elapsed, period))
+  if remaining < 0 then remaining = 0 end
+  return 1, remaining, sw_gone(cend, period) - now, 0, cend, curr, prev, not same, lrem, lreset
 end
 
 local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)

@@ -99,7 +99,8 @@ end
 -- token_bucket returns allowed, remaining, reset, retry and, on an
 -- admission, what token_bucket_put needs: the tokens left, the time they
 -- refer to, the time to a full bucket (the TTL), and whether the record's
--- l, p and b are to be written.
+-- l, p and b are to be written; then the remaining and reset a zero-cost
+-- look would report instead.
 local function token_bucket(key, now, limit, period, burst, cost)
   local q = math.floor(period / limit)
   local r = period - q * limit
@@ -117,28 +118,35 @@ local function token_bucket(key, now, limit, period, burst, cost)
     if sl == limit and sp == period then
       have, ri, rf = tb_level(tokens, ts, now, sb, q, r, limit, period)
       if sb ~= burst then
-        -- another burst, the same rate: carry what was used, keep rho
-        -- (its sub-µs part dropped, as an admission would)
+        -- another burst, the same rate: carry what was used and rho (its
+        -- sub-µs part dropped, as an admission would); more used than the
+        -- new burst holds is an empty bucket, with nothing earned (gcra's cap)
         have, rf = have - sb + burst, 0
-        if have < 0 then have = 0 end
+        if have < 0 then have, ri = 0, 0 end
         if have >= burst then have, ri = burst, 0 end
       end
     else
-      -- another rate: bring the level up to now at the old one; carry the
-      -- larger of what was used and the time to full in new tokens
+      -- another rate: bring the level up to now at the old one; then the
+      -- time it still needed to be full, in tokens of the new rate rounded
+      -- up (m, with rho = m*T - that time earned), or what was used, in
+      -- whole tokens, whichever leaves less
       local sq = math.floor(sp / sl)
       local sr = sp - sq * sl
       local h, hri, hrf = tb_level(tokens, ts, now, sb, sq, sr, sl, sp)
       local used = sb - h
       local full = tb_after(used, hri, hrf, sq, sr, sl)
       local m = tb_count(full, burst, q, r, limit, period)
-      if m < burst then
-        local mi = tb_times(m, q, r, limit)
-        if mi < full then m = m + 1 end
+      local mi = tb_times(m, q, r, limit)
+      if mi < full then
+        m = m + 1
+        mi = tb_times(m, q, r, limit)
       end
-      if m > used then used = m end
-      have, ri, rf = burst - used, 0, 0
-      if have < 0 then have = 0 end
+      if used >= m or m > burst then
+        have, ri, rf = burst - used, 0, 0
+        if have < 0 or m > burst then have = 0 end
+      else
+        have, ri, rf = burst - m, mi - full, 0
+      end
     end
     if not same and cost > 0 and (sl ~= limit or sp ~= period or sb ~= burst) then
       if have >= burst then
@@ -161,7 +169,7 @@ local function token_bucket(key, now, limit, period, burst, cost)
   local left = have - cost
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
   local ttl = tb_after(burst - left, ri, 0, q, r, limit)
-  return 1, left, ttl, 0, left, now - ri, ttl, not same
+  return 1, left, ttl, 0, left, now - ri, ttl, not same, have, reset
 end
 
 local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl, rule)

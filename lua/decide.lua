@@ -45,7 +45,8 @@ end
 local reply = {1, now}
 -- pending writes, 10 values per allowed check: code, limit, period, burst,
 -- the four the algorithm hands back for its put, and the remaining and
--- reset a zero-cost look would report (sized for two checks, grown beyond)
+-- reset a zero-cost look would report, when it hands them back (sized for
+-- two checks, grown beyond)
 local pend = {false, false, false, false, false, false, false, false, false, false,
   false, false, false, false, false, false, false, false, false, false}
 for i = 1, n do
@@ -79,12 +80,18 @@ if reply[1] == 1 then
 end
 
 -- Denied: nothing is written; rules that would have taken something report
--- their quota as it stands, what a zero-cost look reports.
+-- their quota as it stands, what a zero-cost look reports: as the algorithm
+-- handed it back, or asked again (an algorithm may hand back none).
 for i = 1, n do
   local q = (i - 1) * 10
   if pend[q + 1] then
     local o = 3 + (i - 1) * 4
-    reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
+    if pend[q + 9] then
+      reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
+    else
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = rg_check(pend[q + 1], KEYS[i], now,
+        pend[q + 2], pend[q + 3], pend[q + 4], 0, false)
+    end
   end
 end
 return reply

@@ -113,10 +113,10 @@ end
 
 -- gcra returns allowed, remaining, reset, retry and, on an admission, what
 -- gcra_put needs: the new TAT (whole µs and numerator), its distance from now
--- rounded up (the TTL), and whether the record's l and p are to be written;
--- then (unless solo: one check, written at once) the remaining and reset a
--- zero-cost look would report instead.
-local function gcra(key, now, limit, period, burst, cost, solo)
+-- rounded up (the TTL), and whether the record's l and p are to be written.
+-- It hands back no look (what a zero-cost look would report instead): that
+-- costs a gc_left, more than asking again on the rare denial.
+local function gcra(key, now, limit, period, burst, cost)
   local q = math.floor(period / limit)
   local r = period - q * limit
   local ti, tf = gc_times(burst, q, r, limit)
@@ -162,9 +162,7 @@ local function gcra(key, now, limit, period, burst, cost, solo)
   end
   local ttl = ni
   if nf > 0 then ttl = ni + 1 end
-  local rem = gc_left(ti, tf, ni, nf, burst, q, r, limit, period)
-  if solo then return 1, rem, ttl, 0, now + ni, nf, ttl, not same end
-  return 1, rem, ttl, 0, now + ni, nf, ttl, not same, gc_left(ti, tf, di, df, burst, q, r, limit, period), reset
+  return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, now + ni, nf, ttl, not same
 end
 
 local function gcra_put(key, now, limit, period, burst, t, f, ttl, rule)

@@ -71,6 +71,8 @@ func BenchmarkShipping(b *testing.B) {
 	for i, a := range algorithmFiles {
 		shapes = append(shapes, shape{a.fn, []string{"k"}, [][5]int64{{int64(i + 1), 100, 60_000_000, 100, 1}}})
 	}
+	shapes = append(shapes, shape{"two_rules", []string{"fw", "sw"}, [][5]int64{
+		{1, 100, 60_000_000, 100, 1}, {3, 1000, 3_600_000_000, 1000, 1}}})
 	shapes = append(shapes, shape{"three_rules", []string{"fw", "sw", "gc"}, [][5]int64{
 		{1, 100, 60_000_000, 100, 1}, {3, 1000, 3_600_000_000, 1000, 1}, {4, 10, 1_000_000, 20, 1}}})
 	lib := Library()

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -398,5 +399,45 @@ func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
 	}
 	if slowest > 5*time.Millisecond {
 		t.Fatalf("a decision took %v inside Redis, want < 5ms (the default budget is 50ms for the round trip)", slowest)
+	}
+}
+
+// TestSlidingLogForeignMembers: a sliding_log key whose members are not in
+// the running-total layout (an earlier build's "<time>:<seq>:<cost>", or
+// anything else) makes no decision fail: a look treats it as empty, and a
+// decision that costs something drops it and starts the identity afresh.
+func TestSlidingLogForeignMembers(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	rs, err := NewRedisStore(client, "redis "+srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testredis.Ctx(t)
+	now := time.Now().UnixMicro()
+	c := Check{Key: "rg:{t:foreign}:sl", Algorithm: SlidingLog, Limit: 3, PeriodUS: PeriodUS(time.Minute), Burst: 3}
+	for i, m := range []string{fmt.Sprintf("%d:0:1", now-2), fmt.Sprintf("%d:1:1", now-2), "junk"} {
+		if err := client.ZAdd(ctx, c.Key, redis.Z{Score: float64(now - 2 + int64(i)), Member: m}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := rs.PeekAt(ctx, c, now); err != nil || !r.Allowed || r.Remaining != 3 {
+		t.Fatalf("look at a foreign log: %+v, %v; want the full quota", r, err)
+	}
+	if n := client.ZCard(ctx, c.Key).Val(); n != 3 {
+		t.Fatalf("a look changed the foreign log: %d members", n)
+	}
+	c.Cost = 1
+	for i := int64(0); i < 3; i++ {
+		if r := decideOne(t, rs, c, now+i); !r.Allowed || r.Remaining != 2-i {
+			t.Fatalf("request %d on a foreign log: %+v", i, r)
+		}
+	}
+	if r := decideOne(t, rs, c, now+3); r.Allowed {
+		t.Fatalf("fourth request admitted: %+v", r)
+	}
+	members := client.ZRange(ctx, c.Key, 0, -1).Val()
+	if fmt.Sprint(members) != "[a1:1 a2:1 a3:1]" {
+		t.Fatalf("members %v, want the three new entries only", members)
 	}
 }

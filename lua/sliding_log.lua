@@ -78,11 +78,18 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
   if #first > 0 then
     local fc
     fk, fc = sl_parse(first[1])
-    base = fk - fc
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     lastk = sl_parse(newest[1])
-    last = tonumber(newest[2])
-    used = lastk - base
+    if fk and lastk then
+      base = fk - fc
+      last = tonumber(newest[2])
+      used = lastk - base
+    else
+      -- members of another layout (an earlier build, or not rategate's):
+      -- no running totals to trust; the identity starts afresh
+      if cost > 0 then redis.call('DEL', key) end
+      fk, lastk = 0, 0
+    end
   end
 
   if used + cost > limit then
@@ -102,7 +109,8 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
         while lo < hi do
           local mid = math.floor((lo + hi) / 2)
           local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
-          if sl_parse(m[1]) - base >= need then
+          -- a member of another layout counts as enough: an earlier retry
+          if (sl_parse(m[1]) or math.huge) - base >= need then
             hi, at = mid, tonumber(m[2])
           else
             lo = mid + 1

@@ -261,3 +261,33 @@ func TestOneTimePerDecision(t *testing.T) {
 		t.Fatalf("%d TIME calls for %d decisions, want one each", n, 2*calls)
 	}
 }
+
+// TestLibraryOnCluster: the library loads on every primary of a real Redis
+// Cluster and FCALL through a cluster client (routed by its first key, like
+// EVALSHA) answers every call exactly as the script does, for keys of many
+// slots and for several checks in one slot.
+func TestLibraryOnCluster(t *testing.T) {
+	c := testredis.StartCluster(t)
+	cc := c.Client(t)
+	ctx := testredis.Ctx(t)
+	lib := Library()
+	if err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return m.FunctionLoadReplace(ctx, lib.Source).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMicro()
+	checks := [][5]int64{{1, 3, 60_000_000, 3, 1}, {3, 3, 60_000_000, 3, 1}, {4, 2, 1_000_000, 3, 1}}
+	for i := 0; i < 60; i++ {
+		tag := fmt.Sprintf("id%d", i%15) // 15 hash tags, spread over the slots
+		keys := func(space string) []string {
+			return []string{"rg:{" + space + tag + "}:fw", "rg:{" + space + tag + "}:sw", "rg:{" + space + tag + "}:gc"}
+		}
+		args := decideArgv(now+int64(i)*1000, checks...)
+		a, aerr := DecideScript.Run(ctx, cc, keys("s"), args...).Int64Slice()
+		b, berr := cc.FCall(ctx, lib.Decide, keys("f"), args...).Int64Slice()
+		if aerr != nil || berr != nil || !reflect.DeepEqual(a, b) {
+			t.Fatalf("call %d (%s): EVALSHA %v (%v), FCALL %v (%v)", i, tag, a, aerr, b, berr)
+		}
+	}
+}

@@ -99,26 +99,40 @@ func tokenBucket(st *state, now int64, c *Check, _ bool) outcome {
 		if sl == c.Limit && sp == c.PeriodUS {
 			have, ri, rf = t.level(tokens, st.a, now, sb)
 			if sb != c.Burst {
-				// another burst, the same rate: carry what was used, keep rho
-				have, rf = max(have-sb+c.Burst, 0), 0
+				// another burst, the same rate: carry what was used and rho;
+				// more used than the new burst holds is an empty bucket with
+				// nothing earned (gcra's cap)
+				have, rf = have-sb+c.Burst, 0
+				if have < 0 {
+					have, ri = 0, 0
+				}
 				if have >= c.Burst {
 					have, ri = c.Burst, 0
 				}
 			}
 		} else {
-			// another rate: bring the level up to now at the old one; carry
-			// the larger of what was used and the time to full in new tokens
+			// another rate: bring the level up to now at the old one; then
+			// the time it still needed to be full in new tokens rounded up
+			// (m, with rho = m*T - that time earned), or what was used,
+			// whichever leaves less
 			old := newInterval(sl, sp)
 			h, hri, hrf := old.level(tokens, st.a, now, sb)
 			used := sb - h
 			full := old.after(used, hri, hrf)
 			m := t.refilled(full, c.Burst)
-			if m < c.Burst {
-				if mi, _ := t.times(m); mi < full {
-					m++
-				}
+			mi, _ := t.times(m)
+			if mi < full {
+				m++
+				mi, _ = t.times(m)
 			}
-			have, ri, rf = max(c.Burst-max(used, m), 0), 0, 0
+			if used >= m || m > c.Burst {
+				have, ri, rf = c.Burst-used, 0, 0
+				if have < 0 || m > c.Burst {
+					have = 0
+				}
+			} else {
+				have, ri, rf = c.Burst-m, mi-full, 0
+			}
 		}
 		if c.Cost > 0 && (sl != c.Limit || sp != c.PeriodUS || sb != c.Burst) {
 			*st = state{}

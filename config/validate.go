@@ -28,6 +28,9 @@ const (
 	maxSpan = 400 * 24 * time.Hour
 	// maxCostLimit bounds identity.max_cost.
 	maxCostLimit = 1_000_000
+	// maxSlidingLogLimit bounds a sliding_log rule's limit: what one Redis
+	// key's memory and its worst decision allow (limits.MaxSlidingLogLimit).
+	maxSlidingLogLimit = limits.MaxSlidingLogLimit
 
 	maxTimeout = 10 * time.Second
 
@@ -508,6 +511,11 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 			}
 		}
 	}
+	if algOK && limitOK {
+		if msg := checkSlidingLog(r.Algorithm, r.Limit); msg != "" {
+			at(rr.Limit.Line, "%s", msg)
+		}
+	}
 	if algOK && r.Algorithm.UsesBurst() && limitOK && periodOK && burstOK {
 		line := rr.Period.Line
 		if rr.Burst.Set {
@@ -641,6 +649,15 @@ func checkLimit(v int64) string {
 	return ""
 }
 
+// checkSlidingLog bounds a sliding_log limit (maxSlidingLogLimit).
+func checkSlidingLog(alg limits.Algorithm, limit int64) string {
+	if alg != limits.SlidingLog || limit <= maxSlidingLogLimit {
+		return ""
+	}
+	return fmt.Sprintf("limit must be <= %d for sliding_log, got %d: the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits",
+		maxSlidingLogLimit, limit)
+}
+
 func checkBurst(v int64) string {
 	if msg := between(v, 1, maxLimit); msg != "" {
 		return "burst " + msg
@@ -709,6 +726,9 @@ func CheckRule(r *limits.Rule) error {
 	limitMsg, periodMsg := checkLimit(r.Limit), checkPeriod(r.Period)
 	add(limitMsg)
 	add(periodMsg)
+	if limitMsg == "" {
+		add(checkSlidingLog(r.Algorithm, r.Limit))
+	}
 	capOK := algOK && limitMsg == ""
 	if r.Algorithm.UsesBurst() {
 		burstMsg := checkBurst(r.Burst)

@@ -83,24 +83,77 @@ func (t interval) left(ti, tf, di, df, burst int64) int64 {
 	return t.count(xi, xf, burst)
 }
 
-// gcra: T = P/L, tau = B*T; tat = max(stored, now), new = tat + c*T; allow iff
-// new - now <= tau, then store new. The state is a = TAT in whole µs and
-// b = its fraction in units of 1/L µs; the key expires when the TAT passes.
-func gcra(st *state, now int64, c *Check) (Result, state, bool) {
-	t := newInterval(c.Limit, c.PeriodUS)
-	// d = tat - now >= 0 as di + df/L; an absent key has a = 0, in the past.
-	var di, df int64
-	if st.expireUS != 0 {
-		tat, f := st.a, st.b
-		if f >= c.Limit {
-			// written under a smaller limit: round the TAT up, never down
-			tat, f = tat+1, 0
-		}
+// backlog is gc_backlog: the backlog d = tat - now (whole µs + numerator
+// over L, >= 0) that a TAT tat + f/sl written under limit sl and period sp
+// means under t: as it is when sl and sp are t's, else the larger of d
+// rounded up to a whole µs and d's whole units of the old interval, rounded
+// up, queued at t; capped at the tolerance (ti, tf) either way. changed says
+// the TAT is to be rewritten.
+func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int64, changed bool) {
+	if sl == t.l && sp == t.p {
 		if tat >= now {
 			di, df = tat-now, f
 		}
+	} else {
+		changed = true
+		if tat > now || (tat == now && f > 0) {
+			xi := tat - now
+			di = xi
+			if f > 0 {
+				di = xi + 1
+			}
+			old := newInterval(sl, sp)
+			u := old.count(xi, f, burst)
+			if u < burst {
+				if ui, uf := old.times(u); ui < xi || (ui == xi && uf < f) {
+					u++
+				}
+			}
+			if ui, uf := t.times(u); ui > di || (ui == di && uf > 0) {
+				di, df = ui, uf
+			}
+		}
 	}
+	if di > ti || (di == ti && df > tf) {
+		di, df, changed = ti, tf, true
+	}
+	return di, df, changed
+}
+
+// gcra: T = P/L, tau = B*T; tat = max(stored, now), new = tat + c*T; allow iff
+// new - now <= tau, then store new. The state is a = TAT in whole µs,
+// b = its fraction in units of 1/L µs, c and d = the limit and period it was
+// written under; the key expires when the TAT passes. A TAT written under
+// other numbers, or beyond the tolerance, is converted or capped (backlog)
+// and rewritten by the first decision that costs something.
+func gcra(st *state, now int64, c *Check, _ bool) outcome {
+	t := newInterval(c.Limit, c.PeriodUS)
 	ti, tf := t.times(c.Burst)
+	// d = tat - now >= 0 as di + df/L; an absent key has a = 0, in the past.
+	var di, df int64
+	norm := false
+	if st.expireUS > now {
+		sl, sp := st.c, st.d
+		if sl == 0 {
+			sl = c.Limit
+		}
+		if sp == 0 {
+			sp = c.PeriodUS
+		}
+		var changed bool
+		di, df, changed = t.backlog(st.a, st.b, sl, sp, now, c.Burst, ti, tf)
+		if changed && c.Cost > 0 {
+			*st = state{}
+			if di > 0 || df > 0 {
+				ttl := di
+				if df > 0 {
+					ttl++
+				}
+				*st = state{expireUS: now + ttl, a: now + di, b: df, c: c.Limit, d: c.PeriodUS}
+			}
+			norm = true
+		}
+	}
 	reset := di
 	if df > 0 {
 		reset = di + 1
@@ -110,7 +163,7 @@ func gcra(st *state, now int64, c *Check) (Result, state, bool) {
 		if c.Cost != 0 {
 			r.RetryUS = NeverFits
 		}
-		return r, state{}, false
+		return outcome{r: r, normalized: norm}
 	}
 	ci, cf := t.times(c.Cost)
 	ni, nf := di+ci, df+cf
@@ -122,14 +175,16 @@ func gcra(st *state, now int64, c *Check) (Result, state, bool) {
 		if nf > tf {
 			retry++
 		}
-		return Result{Remaining: t.left(ti, tf, di, df, c.Burst), ResetUS: reset, RetryUS: retry}, state{}, false
+		r := Result{Remaining: t.left(ti, tf, di, df, c.Burst), ResetUS: reset, RetryUS: retry}
+		return outcome{r: r, normalized: norm}
 	}
 	ttl := ni
 	if nf > 0 {
 		ttl = ni + 1
 	}
 	r := Result{Allowed: true, Remaining: t.left(ti, tf, ni, nf, c.Burst), ResetUS: ttl}
-	return r, state{expireUS: now + ttl, a: now + ni, b: nf}, true
+	next := state{expireUS: now + ttl, a: now + ni, b: nf, c: c.Limit, d: c.PeriodUS}
+	return outcome{r: r, next: next, commit: true, normalized: norm}
 }
 
 func init() { algos[GCRA] = gcra }

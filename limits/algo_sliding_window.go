@@ -4,22 +4,64 @@ import "math"
 
 // slidingWindow is the twin of lua/sliding_window.lua: the two-window
 // estimate est = prev * (1 - elapsed/P) + curr over epoch-aligned windows;
-// allow iff est + c <= L, then curr += c. State: a = window index w,
-// b = count of w, c = count of w-1; it expires at the end of w+1.
+// allow iff est + c <= L, then curr += c. State: a = e, the end of the
+// window the current count b was counted in; c = the previous count, whose
+// window ended at e - d; d = the period both were counted under. It expires
+// when its newest count no longer counts (swGone).
+//
+// A stored count is curr while its window ends after the current window's
+// start, prev while it ended within the period before, gone before that;
+// with the period unchanged that is the textbook algorithm. Under another
+// period the record is rewritten under the current one by the first
+// decision that costs something (see the script's header).
 //
 // Every float step mirrors the Lua one (see swEstimate), so both stores
 // reach the same verdicts, remaining counts and retry times bit for bit.
-func slidingWindow(st *state, now int64, c *Check) (Result, state, bool) {
+func slidingWindow(st *state, now int64, c *Check, _ bool) outcome {
 	p := c.PeriodUS
-	w := now / p
-	elapsed := now - w*p
+	ws := floorDiv(now, p) * p
+	we := ws + p
+	elapsed := now - ws
 	var prev, curr int64
+	cend := we
+	norm := false
 	if st.expireUS > now {
-		switch st.a {
-		case w:
-			curr, prev = st.b, st.c
-		case w - 1:
-			prev = st.b
+		e, sc, sp, d := st.a, st.b, st.c, st.d
+		if d == 0 {
+			d = p
+		}
+		gone := swGone(e-d, d)
+		if sc > 0 {
+			gone = swGone(e, d)
+		}
+		if now < gone {
+			if sc > 0 {
+				if e > ws {
+					curr = sc
+					cend = max(cend, e)
+				} else if e > ws-p {
+					prev = sc
+				}
+			}
+			if sp > 0 {
+				if pe := e - d; pe > ws {
+					curr += sp
+					cend = max(cend, pe)
+				} else if pe > ws-p {
+					prev += sp
+				}
+			}
+			if cend > we && prev > 0 {
+				curr, prev = curr+prev, 0
+			}
+			if d != p && c.Cost > 0 && (curr > 0 || prev > 0) {
+				gone := swGone(cend-p, p)
+				if curr > 0 {
+					gone = swGone(cend, p)
+				}
+				*st = state{expireUS: gone, a: cend, b: curr, c: prev, d: p}
+				norm = true
+			}
 		}
 	}
 
@@ -27,29 +69,38 @@ func slidingWindow(st *state, now int64, c *Check) (Result, state, bool) {
 	if !swFits(est, c.Cost, c.Limit) {
 		r := Result{
 			Remaining: swRemaining(est, c.Limit),
-			ResetUS:   swReset(prev, curr, w, p, now),
+			ResetUS:   swReset(prev, curr, cend, we, p, now),
 			RetryUS:   NeverFits,
 		}
 		if c.Cost <= c.Limit {
+			// curr stays curr until window k1, is prev in it, gone after.
+			k1 := floorDiv(cend-ws-1, p) + 1
 			if e := swEarliest(prev, curr, elapsed, c); e >= 0 {
 				r.RetryUS = e - elapsed
 			} else if e := swEarliest(curr, 0, 0, c); e >= 0 {
-				r.RetryUS = p + e - elapsed
+				r.RetryUS = k1*p + e - elapsed
 			} else {
-				// Window w+2 starts empty and any cost <= L fits there.
-				r.RetryUS = 2*p - elapsed
+				// The window after k1 starts empty and any cost <= L fits there.
+				r.RetryUS = (k1+1)*p - elapsed
 			}
 		}
-		return r, state{}, false
+		return outcome{r: r, normalized: norm}
 	}
 
 	curr += c.Cost
 	est = swEstimate(prev, curr, elapsed, p)
-	r := Result{Allowed: true, Remaining: swRemaining(est, c.Limit), ResetUS: swReset(prev, curr, w, p, now)}
+	r := Result{Allowed: true, Remaining: swRemaining(est, c.Limit), ResetUS: swReset(prev, curr, cend, we, p, now)}
 	if c.Cost == 0 {
-		return r, state{}, false
+		return outcome{r: r, normalized: norm}
 	}
-	return r, state{expireUS: (w + 2) * p, a: w, b: curr, c: prev}, true
+	next := state{expireUS: swGone(cend, p), a: cend, b: curr, c: prev, d: p}
+	return outcome{r: r, next: next, commit: true, normalized: norm}
+}
+
+// swGone is the start of the first window of length p in which a count
+// whose window ended at x no longer counts, not even as prev.
+func swGone(x, p int64) int64 {
+	return (floorDiv(x-1, p) + 2) * p
 }
 
 // swEstimate is est = prev * (1 - elapsed / P) + curr as four separately
@@ -74,15 +125,15 @@ func swRemaining(est float64, limit int64) int64 {
 	return max(int64(math.Floor(float64(limit)-est)), 0)
 }
 
-// swReset is the time until est reaches 0: the end of window w+1 while the
-// current window holds requests (they are the next window's prev), the end
-// of w when only prev is left.
-func swReset(prev, curr, w, period, now int64) int64 {
+// swReset is the time until est reaches 0: until the current count no
+// longer counts (the end of the window after the one its window ends in),
+// or the end of this window when only prev is left.
+func swReset(prev, curr, cend, we, period, now int64) int64 {
 	switch {
 	case curr > 0:
-		return (w+2)*period - now
+		return swGone(cend, period) - now
 	case prev > 0:
-		return (w+1)*period - now
+		return we - now
 	}
 	return 0
 }

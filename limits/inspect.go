@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -20,11 +19,13 @@ import (
 type RawValue struct {
 	// Type is the Redis type: "none" (absent), "hash", "zset" or "string".
 	Type string `json:"type"`
-	// Hash holds a hash's fields (fixed_window: w, n; sliding_window: w, c, p;
-	// gcra: t, f; token_bucket: tokens, ts).
+	// Hash holds a hash's fields (fixed_window: e, n; sliding_window: e, c,
+	// p, d; gcra: t, f, l, p; token_bucket: tokens, ts, l, p, b; see each
+	// lua/<algorithm>.lua).
 	Hash map[string]string `json:"hash,omitempty"`
 	// ZSet holds a sorted set's members, lowest score first (sliding_log:
-	// member "<time>:<seq>:<cost>", score = time in µs).
+	// score = the request's time in µs, member "<n><K>:<cost>" with K the
+	// running total of the costs, n a letter giving K's digit count).
 	ZSet []ZMember `json:"zset,omitempty"`
 	// String holds a string value.
 	String string `json:"string,omitempty"`
@@ -126,25 +127,29 @@ func (s *MemoryStore) Raw(_ context.Context, key string) (RawValue, error) {
 	i := func(n int64) string { return strconv.FormatInt(n, 10) }
 	switch {
 	case strings.HasSuffix(key, ":"+FixedWindow.Suffix()):
-		v.Hash = map[string]string{"w": i(st.a), "n": i(st.b)}
+		v.Hash = map[string]string{"e": i(st.a), "n": i(st.b)}
 	case strings.HasSuffix(key, ":"+SlidingWindow.Suffix()):
-		v.Hash = map[string]string{"w": i(st.a), "c": i(st.b), "p": i(st.c)}
+		v.Hash = map[string]string{"e": i(st.a), "c": i(st.b), "p": i(st.c), "d": i(st.d)}
 	case strings.HasSuffix(key, ":"+GCRA.Suffix()):
-		v.Hash = map[string]string{"t": i(st.a), "f": i(st.b)}
+		v.Hash = map[string]string{"t": i(st.a), "f": i(st.b), "l": i(st.c), "p": i(st.d)}
 	case strings.HasSuffix(key, ":"+TokenBucket.Suffix()):
-		v.Hash = map[string]string{"tokens": strconv.FormatFloat(st.f, 'g', 17, 64), "ts": i(st.a)}
+		v.Hash = map[string]string{"tokens": i(st.b), "ts": i(st.a), "l": i(st.c), "p": i(st.d), "b": i(st.e)}
 	case strings.HasSuffix(key, ":"+SlidingLog.Suffix()):
+		// The log is in member order already (time, then running total).
 		v.Type = "zset"
-		seq := map[int64]int{}
-		for _, e := range st.log {
-			if len(v.ZSet) < maxRawMembers {
-				v.ZSet = append(v.ZSet, ZMember{Member: fmt.Sprintf("%d:%d:%d", e.at, seq[e.at], e.cost), Score: float64(e.at)})
-				seq[e.at]++
-			}
+		for _, e := range st.log[:min(len(st.log), maxRawMembers)] {
+			v.ZSet = append(v.ZSet, ZMember{Member: slMember(e.k, e.cost), Score: float64(e.at)})
 		}
-		sort.SliceStable(v.ZSet, func(a, b int) bool { return v.ZSet[a].Score < v.ZSet[b].Score })
 	default:
 		v.Hash = map[string]string{"a": i(st.a), "b": i(st.b), "c": i(st.c)}
 	}
 	return v, nil
+}
+
+// slMember is the Redis member of a sliding-log entry (lua/sliding_log.lua's
+// sl_member): a letter for the running total's digit count ('a' = 1), the
+// total, ':' and the cost. The letter makes members of one µs sort by total.
+func slMember(k, cost int64) string {
+	d := strconv.FormatInt(k, 10)
+	return string(rune('a'+len(d)-1)) + d + ":" + strconv.FormatInt(cost, 10)
 }

@@ -159,19 +159,33 @@ func (s *MemoryStore) Decide(_ context.Context, b *Batch, results []Result) (boo
 	if now == 0 {
 		now = s.now()
 	}
-	var nextBuf [8]state
-	var storeBuf [8]bool
-	next, store := nextBuf[:0], storeBuf[:0]
+	// What each check would write if admitted, and the records it rewrote
+	// while deciding (written whatever the verdict, as the scripts do).
+	var nextBuf, normBuf [8]state
+	var commitBuf, normedBuf [8]bool
+	next, norm := nextBuf[:0], normBuf[:0]
+	commit, normed := commitBuf[:0], normedBuf[:0]
 	admitted := true
+	solo := n == 1
 	for i := range b.Checks {
 		c := &b.Checks[i]
 		st := s.load(c.Key, now)
-		r, nx, ok := algos[c.Algorithm](&st, now, c)
-		results[i] = r
-		next = append(next, nx)
-		store = append(store, ok && r.Allowed && c.Cost > 0)
-		if !r.Allowed && !c.Shadow {
+		out := algos[c.Algorithm](&st, now, c, solo)
+		results[i] = out.r
+		next = append(next, out.next)
+		commit = append(commit, out.commit && out.r.Allowed && c.Cost > 0)
+		norm = append(norm, st)
+		normed = append(normed, out.normalized)
+		if !out.r.Allowed && !c.Shadow {
 			admitted = false
+		}
+	}
+	for i := range b.Checks {
+		switch {
+		case admitted && commit[i]:
+			s.put(b.Checks[i].Key, next[i])
+		case normed[i]:
+			s.put(b.Checks[i].Key, norm[i])
 		}
 	}
 	if !admitted {
@@ -182,11 +196,6 @@ func (s *MemoryStore) Decide(_ context.Context, b *Batch, results []Result) (boo
 			}
 		}
 		return false, nil
-	}
-	for i := range b.Checks {
-		if store[i] {
-			s.put(b.Checks[i].Key, next[i])
-		}
 	}
 	return true, nil
 }
@@ -200,8 +209,13 @@ func (s *MemoryStore) load(key string, now int64) state {
 	return *st
 }
 
+// put stores st under key; a zero state deletes the key.
 func (s *MemoryStore) put(key string, st state) {
 	sh := &s.shards[s.shardOf(key)]
+	if st.expireUS == 0 {
+		delete(sh.m, key)
+		return
+	}
 	if p := sh.m[key]; p != nil {
 		*p = st
 		return
@@ -213,8 +227,7 @@ func (s *MemoryStore) peekLocked(c *Check, now int64) Result {
 	st := s.load(c.Key, now)
 	pc := *c
 	pc.Cost = 0
-	r, _, _ := algos[c.Algorithm](&st, now, &pc)
-	return r
+	return algos[c.Algorithm](&st, now, &pc, true).r
 }
 
 // Peek implements Store.

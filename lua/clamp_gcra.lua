@@ -9,8 +9,12 @@
 -- TAT). Read as it is, it would keep the identity limited long after the new
 -- rule would have let it through. Capping it at now + tau keeps what it
 -- means — "this identity used its whole burst" — under the new numbers.
--- A TAT within the tolerance is left alone. rategate runs this on every
--- gcra key of a rule whose tolerance shrinks (reload or runtime override).
+-- A TAT within the tolerance is left alone. limits.ClampGCRA runs this on
+-- every gcra key of a rule whose tolerance shrinks (reload or runtime
+-- override). It is no longer needed: gcra.lua caps a TAT beyond the
+-- tolerance (and converts one written under another limit or period) at the
+-- first decision under the new numbers. The l and p fields are left as they
+-- are, as the memory store's twin (limits/migrate.go) leaves them.
 --
 -- By hand: redis-cli --eval lua/clamp_gcra.lua rg:{demo:1.2.3.4}:gc , 60000000
 

@@ -124,15 +124,12 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		Observer:    a.metrics,
 	}
 	var overrides policy.OverrideStore = policy.NewMemoryOverrides()
-	var clamper limits.GCRAClamper
 	if rs != nil {
 		a.wireRedis(cfg, rs, &lo)
 		overrides = limits.NewRedisOverrides(rs.Client(), cfg.Redis.KeyPrefix)
-		clamper = rs
 	} else {
 		mem := store.(*limits.MemoryStore)
 		lo.Inspector = mem
-		clamper = mem
 	}
 	a.limiter = limits.New(lo)
 	if lo.DenyCache != nil {
@@ -140,7 +137,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 
 	a.rules = policy.NewManager(policy.ManagerOptions{
-		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Clamper: clamper, Log: a.log,
+		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Log: a.log,
 	})
 	a.goBG(a.rules.Run)
 	if rs != nil {

@@ -61,9 +61,8 @@ import (
 //     decide reads the generation before the rules, Clear bumps it before
 //     emptying the shards, and put rejects a stale generation under the
 //     shard lock.
-//   - gcra tolerance shrinking: the admin Manager caps stored TATs after the
-//     swap (ClampGCRA), which makes the state looser; it clears the cache
-//     again once the clamp is done.
+//   - gcra tolerance shrinking: the store caps a TAT at the first decision
+//     under the new numbers, after the clear SetRules made.
 //   - A key reset through the admin API: Forget(key) after the store's DEL
 //     (also bumping the generation, so a decision the store evaluated before
 //     the DEL cannot insert afterwards), and the reset is announced to the

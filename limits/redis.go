@@ -114,16 +114,7 @@ func NewRedisStore(client RedisClient, name string, co ...CoalesceOptions) (*Red
 }
 
 func newRedisStore(client RedisClient, topo Topology, name string, co CoalesceOptions) (*RedisStore, error) {
-	src, err := lua.Decide()
-	if err != nil {
-		return nil, err
-	}
-	s := &RedisStore{client: client, topology: topo, script: redis.NewScript(src), coOpt: co}
-	rsrc, err := refundScript()
-	if err != nil {
-		return nil, err
-	}
-	s.refund = redis.NewScript(rsrc)
+	s := &RedisStore{client: client, topology: topo, script: lua.DecideScript, refund: lua.RefundScript, coOpt: co}
 	s.bg.init()
 	s.name.Store(&name)
 	newCo := func(p pipeliner) *coalescer { return newCoalescer(s.bg.ctx, p, s.script, co, s.lateReply) }

@@ -1,6 +1,6 @@
 // Package lua embeds rategate's Redis scripts and builds, from the same
 // sources, everything rategate runs in Redis: the multi-rule decide script,
-// the refund script (Redis Cluster), the gcra clamp script, and a Redis
+// the refund script (Redis Cluster), and a Redis
 // Functions library holding decide and refund.
 //
 // Each lua/<algorithm>.lua runs on its own with redis-cli --eval: its
@@ -83,10 +83,6 @@ var (
 	// RefundScript gives back what admitted slots of a denied request took
 	// on Redis Cluster (refund.lua).
 	RefundScript = redis.NewScript(built.refund)
-	// ClampGCRAScript caps one gcra key's TAT at a new tolerance
-	// (clamp_gcra.lua). gcra.lua now caps and converts a TAT by itself, at
-	// the first decision under the new numbers, so nothing needs it.
-	ClampGCRAScript = redis.NewScript(built.clamp)
 )
 
 // Decide returns the source of DecideScript.
@@ -99,8 +95,8 @@ func Refund() (string, error) { return built.refund, nil }
 func Library() FunctionLibrary { return built.lib }
 
 type assembly struct {
-	decide, refund, clamp string
-	lib                   FunctionLibrary
+	decide, refund string
+	lib            FunctionLibrary
 }
 
 func mustBuild() assembly {
@@ -228,10 +224,6 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
-	clamp, err := read("clamp_gcra.lua")
-	if err != nil {
-		return assembly{}, err
-	}
 
 	// The decide script defines only the algorithms its call uses: Redis
 	// runs a script's whole top level on every EVALSHA, and each function
@@ -287,5 +279,5 @@ func build(readFile source) (assembly, error) {
 		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_refund)\n",
 		lib.Name, l.String(), lib.Decide, lib.Refund)
 
-	return assembly{decide: d.String(), refund: r.String(), clamp: clamp, lib: lib}, nil
+	return assembly{decide: d.String(), refund: r.String(), lib: lib}, nil
 }

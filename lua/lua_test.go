@@ -27,7 +27,7 @@ func TestBuild(t *testing.T) {
 	for name, sc := range map[string]struct {
 		script *redis.Script
 		src    string
-	}{"decide": {DecideScript, a.decide}, "refund": {RefundScript, a.refund}, "clamp": {ClampGCRAScript, a.clamp}} {
+	}{"decide": {DecideScript, a.decide}, "refund": {RefundScript, a.refund}} {
 		sum := sha1.Sum([]byte(sc.src))
 		if sc.script.Hash() != hex.EncodeToString(sum[:]) {
 			t.Errorf("%sScript does not run the %s source", name, name)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/internal/race"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 )
@@ -455,7 +456,7 @@ func TestBreakerLateResultsChangeNothing(t *testing.T) {
 }
 
 func TestBreakerCostsNothing(t *testing.T) {
-	if raceOn {
+	if race.Enabled {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
 	f := &fakeStore{}

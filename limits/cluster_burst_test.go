@@ -13,7 +13,7 @@ import (
 // Deciding the slot most likely to deny first (the smallest limit), and
 // the others only once it admitted, admits exactly 100, with cost 1 and 2.
 func TestClusterBurstAdmitsTheLimit(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -23,11 +23,11 @@ func TestClusterBurstAdmitsTheLimit(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/cost=%d", algo, cost), func(t *testing.T) {
 				tag := fmt.Sprintf("burst-%s-%d", algo, cost)
 				global := Check{Key: "rg:{" + tag + ":}:" + algo.Suffix(), Algorithm: algo,
-					Limit: 100 * cost, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 100 * cost, Cost: cost}
+					Limit: 100 * cost, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 100 * cost, Cost: cost}
 				const users, each = 100, 3
 				admitted := hammer(t, rs, users*each, func(i int) []Check {
 					user := Check{Key: fmt.Sprintf("rg:{%s:u%d}:%s", tag, i%users, algo.Suffix()), Algorithm: algo,
-						Limit: cost, PeriodUS: PeriodUS(concurrencyPeriod), Burst: cost, Cost: cost}
+						Limit: cost, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: cost, Cost: cost}
 					return []Check{global, user}
 				})
 				t.Logf("%d users x %d requests: %d admitted, want %d", users, each, admitted, users)

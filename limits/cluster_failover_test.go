@@ -183,7 +183,7 @@ func exactOnEveryPrimary(t *testing.T, c *testredis.Cluster, s Store, tag string
 	t.Helper()
 	for _, algo := range Algorithms {
 		for _, k := range keysOnEveryPrimary(t, c, tag+"-"+string(algo), algo.Suffix()) {
-			ch := Check{Key: k, Algorithm: algo, Limit: 50, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 50, Cost: 1}
+			ch := Check{Key: k, Algorithm: algo, Limit: 50, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 50, Cost: 1}
 			if got := hammer(t, s, 200, func(int) []Check { return []Check{ch} }); got != 50 {
 				t.Fatalf("%s on %s: admitted %d of 200 concurrent requests, want exactly 50", algo, k, got)
 			}
@@ -405,7 +405,7 @@ func TestClusterRedirects(t *testing.T) {
 	fw := Check{Key: "rg:{mig:a}:fw", Algorithm: FixedWindow, Limit: 10, PeriodUS: PeriodUS(time.Hour), Burst: 10, Cost: 1}
 	gc := Check{Key: "rg:{mig:a}:gc", Algorithm: GCRA, Limit: 10, PeriodUS: PeriodUS(time.Hour), Burst: 10, Cost: 1}
 	slot := KeySlot(fw.Key)
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	decide := func(checks ...Check) (bool, []Result, error) {
 		res := make([]Result, len(checks))
 		dctx, cancel := context.WithTimeout(ctx, decisionTimeout)

@@ -66,7 +66,7 @@ func keysOnEveryPrimary(t *testing.T, c *testredis.Cluster, tag, suffix string) 
 }
 
 func TestKeySlotMatchesCluster(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	nc := testredis.NodeClient(t, c.Nodes[0].Addr)
 	keys := []string{"", "a", "foo", "123456789", "{", "}", "{}", "}{", "{}a", "a{}", "{a", "a}",
 		"{a}", "x{a}y", "{a}{b}", "{{a}}", "{}{a}", "a{b}c{d}e", "rg:{global:}:fw", "rg:{user:=1.2.3.4}:gc",
@@ -145,7 +145,7 @@ func hammer(t *testing.T, s Store, n int, batch func(i int) []Check) (admitted i
 }
 
 func TestClusterConcurrentAcrossPrimaries(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestClusterConcurrentAcrossPrimaries(t *testing.T) {
 			keys := keysOnEveryPrimary(t, c, "spread-"+string(algo), algo.Suffix())
 			checks := make([]Check, len(keys))
 			for i, k := range keys {
-				checks[i] = Check{Key: k, Algorithm: algo, Limit: 50, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 50, Cost: 1}
+				checks[i] = Check{Key: k, Algorithm: algo, Limit: 50, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 50, Cost: 1}
 			}
 			// 200 concurrent requests per key, all keys at once.
 			var perKey [3]atomic.Int64
@@ -180,7 +180,7 @@ func TestClusterConcurrentAcrossPrimaries(t *testing.T) {
 // TestClusterMultiRuleAcrossSlots: rules in different slots, decided per
 // slot with refunds, still obey "a denied request consumes nothing".
 func TestClusterMultiRuleAcrossSlots(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -190,8 +190,8 @@ func TestClusterMultiRuleAcrossSlots(t *testing.T) {
 	for _, algo := range Algorithms {
 		t.Run(string(algo)+"/user hammering", func(t *testing.T) {
 			global := Check{Key: "rg:{global-" + string(algo) + ":}:" + algo.Suffix(), Algorithm: algo,
-				Limit: 1000, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 1000, Cost: 1}
-			user := Check{Algorithm: algo, Limit: 5, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 5, Cost: 1}
+				Limit: 1000, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 1000, Cost: 1}
+			user := Check{Algorithm: algo, Limit: 5, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 5, Cost: 1}
 			for n := 0; ; n++ {
 				user.Key = fmt.Sprintf("rg:{user-%s:alice%d}:%s", algo, n, algo.Suffix())
 				if owner(KeySlot(user.Key)) != owner(KeySlot(global.Key)) {
@@ -221,11 +221,11 @@ func TestClusterMultiRuleAcrossSlots(t *testing.T) {
 			// the interleaving, once refunds have run every counter holds
 			// exactly the admitted requests.
 			global := Check{Key: "rg:{tight-" + string(algo) + ":}:" + algo.Suffix(), Algorithm: algo,
-				Limit: 30, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 30, Cost: 1}
+				Limit: 30, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 30, Cost: 1}
 			users := make([]Check, 10)
 			for u := range users {
 				users[u] = Check{Key: fmt.Sprintf("rg:{tight-%s:u%d}:%s", algo, u, algo.Suffix()), Algorithm: algo,
-					Limit: 5, PeriodUS: PeriodUS(concurrencyPeriod), Burst: 5, Cost: 1}
+					Limit: 5, PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 5, Cost: 1}
 			}
 			perUser := make([]atomic.Int64, len(users))
 			var total atomic.Int64
@@ -280,12 +280,12 @@ func TestClusterMultiRuleAcrossSlots(t *testing.T) {
 // atomic step, like decide.lua on one Redis): every verdict, remaining,
 // reset and retry must be the same.
 func TestClusterMatchesSingleScript(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
 	rs := openClusterStore(t, c)
-	mem := newMemoryStore(time.Hour)
+	mem := MSNewSweep(time.Hour)
 	t.Cleanup(func() { mem.Close() })
 	seed := modelSeed(t)
 	rng := rand.New(rand.NewPCG(uint64(seed), 7))
@@ -376,12 +376,12 @@ func TestClusterMatchesSingleScript(t *testing.T) {
 // untouched one by less than 1 µs: never looser, and stricter by at most
 // one µs per refund.
 func TestClusterTokenBucketFractionalRefund(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
 	rs := openClusterStore(t, c)
-	mem := newMemoryStore(time.Hour)
+	mem := MSNewSweep(time.Hour)
 	t.Cleanup(func() { mem.Close() })
 	ctx := testredis.Ctx(t)
 	tb := Check{Key: "rg:{frac:tb}:tb", Algorithm: TokenBucket, Limit: 3, PeriodUS: PeriodUS(time.Second), Burst: 4, Cost: 1}
@@ -440,13 +440,13 @@ func TestClusterTokenBucketFractionalRefund(t *testing.T) {
 // TestClusterRefundExactlyOnce: a refund sent twice (a retry after a lost
 // reply) gives back once.
 func TestClusterRefundExactlyOnce(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
 	rs := openClusterStore(t, c)
 	ctx := testredis.Ctx(t)
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	for _, algo := range Algorithms {
 		ch := Check{Key: "rg:{once:" + string(algo) + "}:" + algo.Suffix(), Algorithm: algo, Limit: 10,
 			PeriodUS: PeriodUS(time.Hour), Burst: 10, Cost: 3}
@@ -473,7 +473,7 @@ func TestClusterRefundExactlyOnce(t *testing.T) {
 // TestClusterRoundTrips counts the scripts one decision runs and measures
 // them on loopback (the numbers docs/scaling.md quotes; logged, not asserted).
 func TestClusterRoundTrips(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -587,7 +587,7 @@ func waitGoroutines(t *testing.T, before int, within time.Duration) {
 // (as a promoted replica, or after SCRIPT FLUSH), so the next decision there
 // does not pay for NOSCRIPT and EVAL.
 func TestClusterWarmAndPingLoadScripts(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	rs := openClusterStore(t, c)
 	ctx := testredis.Ctx(t)
 	_, primaries := slotOwners(t, c)

@@ -32,7 +32,7 @@ type phase struct {
 	limit  int64
 	period time.Duration
 	burst  int64
-	steps  []step
+	steps  []STStep
 }
 
 func d(s string) time.Duration {
@@ -44,24 +44,24 @@ func d(s string) time.Duration {
 }
 
 // one is one request of cost c and what it must get.
-func one(advance time.Duration, c int64, allowed bool, remaining int64, retry, reset time.Duration) []step {
-	return []step{{advance, c, allowed, remaining, retry, reset}}
+func one(advance time.Duration, c int64, allowed bool, remaining int64, retry, reset time.Duration) []STStep {
+	return []STStep{{advance, c, allowed, remaining, retry, reset}}
 }
 
 // admits is n admitted requests of cost 1, the first after advance, the
 // rest at the same instant: remaining counts down from rem, reset starts at
 // reset and grows by dr per request.
-func admits(advance time.Duration, n int, rem int64, reset, dr time.Duration) []step {
-	out := make([]step, n)
+func admits(advance time.Duration, n int, rem int64, reset, dr time.Duration) []STStep {
+	out := make([]STStep, n)
 	for i := range out {
-		out[i] = step{0, 1, true, rem - int64(i), 0, reset + time.Duration(i)*dr}
+		out[i] = STStep{0, 1, true, rem - int64(i), 0, reset + time.Duration(i)*dr}
 	}
 	out[0].advance = advance
 	return out
 }
 
-func cat(parts ...[]step) []step {
-	var out []step
+func cat(parts ...[]STStep) []STStep {
+	var out []STStep
 	for _, p := range parts {
 		out = append(out, p...)
 	}
@@ -319,8 +319,8 @@ func runPhases(t *testing.T, s Store, key string, algo Algorithm, start int64, p
 		for i, st := range ph.steps {
 			now += int64(st.advance / time.Microsecond)
 			c.Cost = st.cost
-			r := decideOne(t, s, c, now)
-			got := step{advance: st.advance, cost: st.cost, wantAllowed: r.Allowed, wantRemaining: r.Remaining,
+			r := STDecideOne(t, s, c, now)
+			got := STStep{advance: st.advance, cost: st.cost, wantAllowed: r.Allowed, wantRemaining: r.Remaining,
 				wantRetry: time.Duration(r.RetryUS) * time.Microsecond, wantReset: time.Duration(r.ResetUS) * time.Microsecond}
 			if got != st {
 				t.Fatalf("phase %d (L=%d P=%v B=%d) step %d (t=start+%v): got %+v\nwant %+v", pi, ph.limit, ph.period, ph.burst, i,
@@ -332,15 +332,15 @@ func runPhases(t *testing.T, s Store, key string, algo Algorithm, start int64, p
 
 // ruleChangeEpoch returns W: a 10-minute boundary ahead of the wall clock.
 func ruleChangeEpoch() int64 {
-	return windowStart(10*time.Minute) + PeriodUS(10*time.Minute)
+	return STWindowStart(10*time.Minute) + PeriodUS(10*time.Minute)
 }
 
 func TestRuleChangeCarriesCounts(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		start := ruleChangeEpoch() + PeriodUS(10*time.Second)
 		for _, tc := range ruleChanges {
 			t.Run(string(tc.algo)+"/"+tc.name, func(t *testing.T) {
-				runPhases(t, s.store, fmt.Sprintf("rg:{chg-%s:%s}:%s", tc.name, tc.algo, tc.algo.Suffix()), tc.algo, start, tc.phases)
+				runPhases(t, s.Store, fmt.Sprintf("rg:{chg-%s:%s}:%s", tc.name, tc.algo, tc.algo.Suffix()), tc.algo, start, tc.phases)
 			})
 		}
 	})
@@ -354,7 +354,7 @@ func TestRuleChangeCarriesCounts(t *testing.T) {
 // the 5-minute rule), and sliding_log not until its entries are 5 minutes
 // old.
 func TestPeriodChangeGivesNoFreshQuota(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		w := ruleChangeEpoch()
 		for _, algo := range Algorithms {
 			t.Run(string(algo), func(t *testing.T) {
@@ -362,7 +362,7 @@ func TestPeriodChangeGivesNoFreshQuota(t *testing.T) {
 				send := func(p time.Duration, now int64, n int) (admitted int) {
 					c.PeriodUS = PeriodUS(p)
 					for i := 0; i < n; i++ {
-						if decideOne(t, s.store, c, now).Allowed {
+						if STDecideOne(t, s.Store, c, now).Allowed {
 							admitted++
 						}
 					}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rategate/rategate/internal/race"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -306,7 +307,7 @@ func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
 	}})
 
 	memory := func(t *testing.T) dcStore {
-		m := newMemoryStore(time.Hour)
+		m := MSNewSweep(time.Hour)
 		t.Cleanup(func() { m.Close() })
 		return dcStore{name: "memory", store: m}
 	}
@@ -352,7 +353,7 @@ func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
 // dcLimiter is a limiter over a fresh memory store with a deny cache.
 func dcLimiter(t *testing.T, maxEntries int, rules ...*Rule) (*Limiter, *DenyCache) {
 	t.Helper()
-	m := newMemoryStore(time.Hour)
+	m := MSNewSweep(time.Hour)
 	t.Cleanup(func() { m.Close() })
 	c := NewDenyCache(maxEntries)
 	return New(Options{Store: m, Prefix: "rg", Rules: rules, DenyCache: c}), c
@@ -384,7 +385,7 @@ func dcWant(t *testing.T, what string, d Decision, admitted, cached bool) {
 // locally; cost 1 may fit earlier, so it still asks the store.
 func TestDenyCacheCost(t *testing.T) {
 	l, c := dcLimiter(t, 100, dcFixed(5, time.Hour))
-	start := windowStart(time.Hour)
+	start := STWindowStart(time.Hour)
 	now := start + 1000
 	dcWant(t, "cost 3", dcAsk(t, l, "u", 3, now), true, false)
 	d := dcAsk(t, l, "u", 5, now)
@@ -426,7 +427,7 @@ func TestDenyCacheShadow(t *testing.T) {
 	sh := dcFixed(1, time.Hour)
 	sh.Name, sh.Shadow = "shadow", true
 	l, c := dcLimiter(t, 100, sh)
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	dcWant(t, "first", dcAsk(t, l, "u", 1, now), true, false)
 	dcWant(t, "second (shadow would deny)", dcAsk(t, l, "u", 1, now), true, false)
 	if c.Len() != 0 {
@@ -439,7 +440,7 @@ func TestDenyCacheShadow(t *testing.T) {
 func TestDenyCacheClearedBySetRules(t *testing.T) {
 	r := dcFixed(1, time.Hour)
 	l, c := dcLimiter(t, 100, r)
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	dcAsk(t, l, "u", 1, now)
 	dcWant(t, "denied", dcAsk(t, l, "u", 1, now), false, false)
 	dcWant(t, "cached", dcAsk(t, l, "u", 1, now), false, true)
@@ -481,7 +482,7 @@ func TestDenyCacheNeverFits(t *testing.T) {
 // announcer.
 func TestDenyCacheForget(t *testing.T) {
 	l, c := dcLimiter(t, 100, dcFixed(1, time.Hour))
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	dcAsk(t, l, "u", 1, now)
 	dcAsk(t, l, "u", 1, now)
 	dcAsk(t, l, "v", 1, now)
@@ -546,12 +547,12 @@ func TestDenyCacheGenerationRace(t *testing.T) {
 		{"Forget", func(_ *Limiter, c *DenyCache) { c.Forget("rg:{per-user:u}:fw") }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMemoryStore(time.Hour)
+			m := MSNewSweep(time.Hour)
 			defer m.Close()
 			g := &gateStore{Store: m, entered: make(chan struct{}), release: make(chan struct{})}
 			c := NewDenyCache(100)
 			l := New(Options{Store: g, Prefix: "rg", Rules: []*Rule{r}, DenyCache: c})
-			now := windowStart(time.Hour) + 1
+			now := STWindowStart(time.Hour) + 1
 			dcWant(t, "first", dcAsk(t, l, "u", 1, now), true, false)
 			g.armed.Store(true)
 			done := make(chan Decision)
@@ -578,7 +579,7 @@ func TestDenyCacheGenerationRace(t *testing.T) {
 // entries make room before live ones are evicted.
 func TestDenyCacheBound(t *testing.T) {
 	l, c := dcLimiter(t, 256, dcFixed(1, time.Minute))
-	now := windowStart(time.Minute) + 1
+	now := STWindowStart(time.Minute) + 1
 	for i := 0; i < 2000; i++ {
 		u := "u" + strconv.Itoa(i)
 		dcAsk(t, l, u, 1, now)
@@ -654,10 +655,10 @@ func TestDenyCacheRealClock(t *testing.T) {
 // answer allocates no more than without it, and one it answers allocates
 // nothing.
 func TestDenyCacheAllocs(t *testing.T) {
-	if raceOn {
+	if race.Enabled {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	measure := func(l *Limiter, user string) float64 {
 		req := &Request{User: []byte(user)}
 		var d Decision
@@ -665,7 +666,7 @@ func TestDenyCacheAllocs(t *testing.T) {
 		_ = l.DecideAt(ctx, req, &d, now)
 		return testing.AllocsPerRun(500, func() { _ = l.DecideAt(ctx, req, &d, now) })
 	}
-	m := newMemoryStore(time.Hour)
+	m := MSNewSweep(time.Hour)
 	defer m.Close()
 	big := dcFixed(math.MaxInt32, time.Hour)
 	big.Name = "big"

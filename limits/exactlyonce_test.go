@@ -36,7 +36,7 @@ func TestDecisionRunsAtMostOnce(t *testing.T) {
 		})
 	}
 	t.Run("cluster", func(t *testing.T) {
-		c := sharedCluster.get(t)
+		c := sharedCluster.Get(t)
 		if err := c.FlushAll(); err != nil {
 			t.Fatal(err)
 		}

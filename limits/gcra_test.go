@@ -2,10 +2,6 @@ package limits
 
 import (
 	"context"
-	"fmt"
-	"math/big"
-	"math/rand"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,9 +14,9 @@ import (
 // redis-cell's documented behaviour for CL.THROTTLE key 4 1 1 (max_burst 4,
 // one per second), which gcra with L=1, P=1s, B=5 must reproduce.
 func TestGCRATimeline(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		c := Check{Key: "rg:{t:gcra}:gc", Algorithm: GCRA, Limit: 1, PeriodUS: PeriodUS(time.Second), Burst: 5}
-		runTimeline(t, s.store, c, time.Now().UnixMicro(), []step{
+		STRunTimeline(t, s.Store, c, time.Now().UnixMicro(), []STStep{
 			{0, 1, true, 4, 0, 1 * time.Second},
 			{0, 1, true, 3, 0, 2 * time.Second},
 			{0, 1, true, 2, 0, 3 * time.Second},
@@ -30,7 +26,7 @@ func TestGCRATimeline(t *testing.T) {
 			{0, 0, true, 0, 0, 5 * time.Second},            // cost 0 looks without consuming
 			{3 * time.Second, 1, true, 2, 0, 3 * time.Second},
 			{100 * time.Millisecond, 1, true, 1, 0, 3900 * time.Millisecond},
-			{0, 6, false, 1, neverFits, 3900 * time.Millisecond},              // cost above the burst never fits
+			{0, 6, false, 1, STNeverFits, 3900 * time.Millisecond},            // cost above the burst never fits
 			{0, 2, false, 1, 900 * time.Millisecond, 3900 * time.Millisecond}, // 2 do not fit in 1.1
 			{0, 1, true, 0, 0, 4900 * time.Millisecond},
 			{time.Hour, 1, true, 4, 0, time.Second}, // a TAT long past is an empty bucket
@@ -38,8 +34,8 @@ func TestGCRATimeline(t *testing.T) {
 		})
 		fresh := c
 		fresh.Key = "rg:{t:gcra6}:gc"
-		runTimeline(t, s.store, fresh, time.Now().UnixMicro(), []step{
-			{0, 6, false, 5, neverFits, 0}, // cost 6 > burst 5 never fits, even on a fresh key
+		STRunTimeline(t, s.Store, fresh, time.Now().UnixMicro(), []STStep{
+			{0, 6, false, 5, STNeverFits, 0}, // cost 6 > burst 5 never fits, even on a fresh key
 			{0, 5, true, 0, 0, 5 * time.Second},
 		})
 	})
@@ -49,10 +45,10 @@ func TestGCRATimeline(t *testing.T) {
 // burst of 3 fits, and the next request fits exactly when a third of a second
 // has passed (not 1 µs earlier), as the exact maths say.
 func TestGCRAFractionalInterval(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		c := Check{Key: "rg:{t:gcra3}:gc", Algorithm: GCRA, Limit: 3, PeriodUS: PeriodUS(time.Second), Burst: 3}
 		us := time.Microsecond
-		runTimeline(t, s.store, c, time.Now().UnixMicro(), []step{
+		STRunTimeline(t, s.Store, c, time.Now().UnixMicro(), []STStep{
 			{0, 1, true, 2, 0, 333334 * us}, // 333333.3 µs rounded up
 			{0, 1, true, 1, 0, 666667 * us},
 			{0, 1, true, 0, 0, time.Second}, // 3 * T is exactly 1 s
@@ -67,23 +63,23 @@ func TestGCRAFractionalInterval(t *testing.T) {
 // After an admission the key lives no longer than the time to a full bucket;
 // a denied request creates nothing.
 func TestGCRATTL(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		gtCheckTTL(t, s, GCRA)
 	})
 }
 
 // gtCheckTTL is the TTL test of gcra and token_bucket: L=5 per 10 s, B=5.
-func gtCheckTTL(t *testing.T, s storeUnderTest, algo Algorithm) {
+func gtCheckTTL(t *testing.T, s STStore, algo Algorithm) {
 	t.Helper()
 	c := Check{Key: "rg:{t:ttl}:" + algo.Suffix(), Algorithm: algo, Limit: 5, PeriodUS: PeriodUS(10 * time.Second), Burst: 5, Cost: 1}
 	now := time.Now().UnixMicro()
 	for i, cost := range []int64{1, 3} {
 		c.Cost = cost
-		r := decideOne(t, s.store, c, now)
+		r := STDecideOne(t, s.Store, c, now)
 		if !r.Allowed {
 			t.Fatalf("request %d denied: %+v", i, r)
 		}
-		ttl, ok := s.ttl(c.Key)
+		ttl, ok := s.TTL(c.Key)
 		if !ok {
 			t.Fatalf("request %d: key has no TTL", i)
 		}
@@ -96,24 +92,24 @@ func gtCheckTTL(t *testing.T, s storeUnderTest, algo Algorithm) {
 	d := c
 	d.Key = "rg:{t:ttl2}:" + algo.Suffix()
 	d.Cost = 6
-	if r := decideOne(t, s.store, d, now); r.Allowed {
+	if r := STDecideOne(t, s.Store, d, now); r.Allowed {
 		t.Fatalf("cost 6 over burst 5 allowed: %+v", r)
 	}
-	if _, ok := s.ttl(d.Key); ok {
+	if _, ok := s.TTL(d.Key); ok {
 		t.Fatal("a denied request created a key")
 	}
 	// A request another rule denies writes nothing either.
 	other := Check{Key: "rg:{t:ttl3}:fw", Algorithm: FixedWindow, Limit: 1, PeriodUS: PeriodUS(time.Hour), Burst: 1, Cost: 2}
 	d.Key, d.Cost = "rg:{t:ttl3}:"+algo.Suffix(), 1
 	res := make([]Result, 2)
-	ok, err := s.store.Decide(context.Background(), &Batch{Checks: []Check{d, other}, NowUS: now}, res)
+	ok, err := s.Store.Decide(context.Background(), &Batch{Checks: []Check{d, other}, NowUS: now}, res)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ok || !res[0].Allowed || res[0].Remaining != 5 {
 		t.Fatalf("admitted=%v, %s verdict %+v: want denied by the other rule, this one allowed with 5 left", ok, algo, res[0])
 	}
-	if _, ok := s.ttl(d.Key); ok {
+	if _, ok := s.TTL(d.Key); ok {
 		t.Fatal("a request denied by another rule created a key")
 	}
 }
@@ -174,79 +170,4 @@ func gtStandalone(t *testing.T, file, key string) {
 
 func TestGCRAStandaloneScript(t *testing.T) {
 	gtStandalone(t, "gcra.lua", "rg:{demo:1.2.3.4}:gc")
-}
-
-// The exact product k*P/L behind both algorithms, in Go and in both scripts,
-// against math/big over the whole validated range (k, L < 2^30, P <= 2^45).
-func TestIntervalArithmetic(t *testing.T) {
-	seed := gtSeed(t)
-	rng := rand.New(rand.NewSource(seed))
-	type tc struct{ k, p, l int64 }
-	var cases []tc
-	// k*P/L <= 2^45 is what B*P/L <= 2^45 with k <= B allows.
-	inRange := func(c tc) bool {
-		x := new(big.Int).Mul(big.NewInt(c.k), big.NewInt(c.p))
-		return x.Div(x, big.NewInt(c.l)).Cmp(big.NewInt(1<<45)) <= 0
-	}
-	for _, l := range []int64{1, 2, 3, 999_999_937, 1e9, 1<<30 - 1} {
-		for _, p := range []int64{1, 999, 1e6, 34_560_000_000_000, 1 << 45} {
-			for _, k := range []int64{0, 1, 32767, 32768, 1e9, 1<<30 - 1} {
-				if c := (tc{k, p, l}); inRange(c) {
-					cases = append(cases, c)
-				}
-			}
-		}
-	}
-	for len(cases) < 2000 {
-		l := 1 + rng.Int63n(1<<30-1)
-		p := 1 + rng.Int63n(1<<45)
-		kmax := min(1<<30-1, new(big.Int).Div(new(big.Int).Mul(big.NewInt(1<<45), big.NewInt(l)), big.NewInt(p)).Int64())
-		cases = append(cases, tc{rng.Int63n(kmax + 1), p, l})
-	}
-	want := func(c tc) (int64, int64) {
-		x := new(big.Int).Mul(big.NewInt(c.k), big.NewInt(c.p))
-		q, r := new(big.Int).QuoRem(x, big.NewInt(c.l), new(big.Int))
-		return q.Int64(), r.Int64()
-	}
-	for _, c := range cases {
-		wi, wf := want(c)
-		if gi, gf := newInterval(c.l, c.p).times(c.k); gi != wi || gf != wf {
-			t.Fatalf("Go: %d*%d/%d = %d + %d/%d, want %d + %d/%d", c.k, c.p, c.l, gi, gf, c.l, wi, wf, c.l)
-		}
-	}
-	client := testredis.Start(t).Client(t)
-	for file, fn := range map[string]string{"gcra.lua": "gc_times", "token_bucket.lua": "tb_times"} {
-		src, err := lua.Source(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := src[:strings.Index(src, "-- @standalone")]
-		script := body + fmt.Sprintf(`
-local out = {}
-for i = 1, #ARGV, 3 do
-  local k, p, l = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local q = math.floor(p / l)
-  local w, f = %s(k, q, p - q * l, l)
-  out[#out + 1] = w
-  out[#out + 1] = f
-end
-return out`, fn)
-		for lo := 0; lo < len(cases); lo += 500 {
-			batch := cases[lo:min(lo+500, len(cases))]
-			argv := make([]any, 0, 3*len(batch))
-			for _, c := range batch {
-				argv = append(argv, c.k, c.p, c.l)
-			}
-			v, err := client.Eval(context.Background(), script, []string{"unused"}, argv...).Int64Slice()
-			if err != nil {
-				t.Fatalf("%s: %v", file, err)
-			}
-			for i, c := range batch {
-				wi, wf := want(c)
-				if v[2*i] != wi || v[2*i+1] != wf {
-					t.Fatalf("%s %s: %d*%d/%d = %d + %d/%d, want %d + %d/%d", file, fn, c.k, c.p, c.l, v[2*i], v[2*i+1], c.l, wi, wf, c.l)
-				}
-			}
-		}
-	}
 }

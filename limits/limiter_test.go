@@ -2,12 +2,13 @@ package limits
 
 import (
 	"context"
-	"github.com/rategate/rategate/internal/testredis"
-	"github.com/redis/go-redis/v9"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestRuleMatches(t *testing.T) {
@@ -55,7 +56,7 @@ func TestLimiterDecide(t *testing.T) {
 		Algorithm: FixedWindow, Limit: 5, Period: time.Hour, Burst: 5, Cost: 1}
 	l := NewLimiter(store, "rg", []*Rule{login, user})
 	ctx := context.Background()
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	var d Decision
 
 	// No rule matches an anonymous request outside /login.
@@ -107,7 +108,7 @@ func TestDenierIsTheLatestRetry(t *testing.T) {
 	short := &Rule{Name: "short", Algorithm: FixedWindow, Limit: 1, Period: time.Minute, Burst: 1, Cost: 1}
 	long := &Rule{Name: "long", Algorithm: FixedWindow, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
 	l := NewLimiter(store, "rg", []*Rule{short, long})
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	var d Decision
 	for i := 0; i < 2; i++ {
 		if err := l.DecideAt(context.Background(), &Request{}, &d, now); err != nil {
@@ -116,30 +117,6 @@ func TestDenierIsTheLatestRetry(t *testing.T) {
 	}
 	if d.Admitted || d.Verdicts[d.Denier].Rule != long {
 		t.Fatalf("denier %d, want the hourly rule (its quota returns last)", d.Denier)
-	}
-}
-
-func TestMemoryStoreEvictsIdleKeys(t *testing.T) {
-	s := newMemoryStore(20 * time.Millisecond)
-	defer s.Close()
-	ctx := context.Background()
-	var r [1]Result
-	for i := 0; i < 10000; i++ {
-		c := Check{Key: "rg:{e:" + strconv.Itoa(i) + "}:fw", Algorithm: FixedWindow, Limit: 5,
-			PeriodUS: PeriodUS(100 * time.Millisecond), Burst: 5, Cost: 1}
-		if _, err := s.Decide(ctx, &Batch{Checks: []Check{c}}, r[:]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := s.Len(); n == 0 {
-		t.Fatal("no keys stored")
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	for s.Len() > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := s.Len(); n != 0 {
-		t.Fatalf("%d idle keys still stored after their windows ended", n)
 	}
 }
 
@@ -167,7 +144,7 @@ func TestLocalFallbackWhenRedisIsDown(t *testing.T) {
 	local := NewMemoryStore()
 	defer local.Close()
 	l = New(Options{Store: rs, Prefix: "rg", Rules: []*Rule{rule}, Fallback: local, LocalShare: 2, FailureMode: FailLocal})
-	now := windowStart(time.Hour) + 1
+	now := STWindowStart(time.Hour) + 1
 	admitted := 0
 	for i := 0; i < 10; i++ {
 		if err := l.DecideAt(context.Background(), req, &d, now); err == nil || d.Undecided {

@@ -2,7 +2,6 @@ package limits
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"sort"
@@ -36,10 +35,10 @@ type memShard struct {
 // NewMemoryStore returns an in-memory store whose janitor sweeps expired
 // keys every second until Close.
 func NewMemoryStore() *MemoryStore {
-	return newMemoryStore(time.Second)
+	return MSNewSweep(time.Second)
 }
 
-func newMemoryStore(sweep time.Duration) *MemoryStore {
+func MSNewSweep(sweep time.Duration) *MemoryStore {
 	s := &MemoryStore{
 		seed: maphash.MakeSeed(),
 		now:  func() int64 { return time.Now().UnixMicro() },
@@ -91,6 +90,16 @@ func (s *MemoryStore) TTL(key string) (time.Duration, bool) {
 	return time.Duration(st.expireUS-now) * time.Microsecond, true
 }
 
+// HoldsAt reports whether key is stored and unexpired at nowUS on the
+// store's clock: TTL for a timeline on a test's own clock. Tests only.
+func (s *MemoryStore) HoldsAt(key string, nowUS int64) bool {
+	sh := &s.shards[s.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.m[key]
+	return st != nil && st.expireUS > nowUS
+}
+
 func (s *MemoryStore) shardOf(key string) int {
 	return int(maphash.String(s.seed, key) % memShards)
 }
@@ -123,13 +132,11 @@ func (s *MemoryStore) sweep(now int64) {
 	}
 }
 
-var errNoChecks = errors.New("memory store: results slice shorter than checks")
-
 // Decide implements Store.
 func (s *MemoryStore) Decide(_ context.Context, b *Batch, results []Result) (bool, error) {
 	n := len(b.Checks)
 	if len(results) < n {
-		return false, errNoChecks
+		return false, ErrShortResults
 	}
 	for i := range b.Checks {
 		if algos[b.Checks[i].Algorithm] == nil {

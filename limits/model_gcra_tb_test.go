@@ -214,7 +214,7 @@ func gtRun(t *testing.T, s Store, c Check, start int64, steps []gtStep) []Result
 	out := make([]Result, len(steps))
 	for i, st := range steps {
 		c.Cost = st.cost
-		out[i] = decideOne(t, s, c, start+st.at)
+		out[i] = STDecideOne(t, s, c, start+st.at)
 	}
 	return out
 }
@@ -276,7 +276,7 @@ func gtSameResults(t *testing.T, what string, steps []gtStep, a, b []Result) {
 // and a Redis store on a fresh redis-server.
 func gtStores(t *testing.T) (*MemoryStore, *RedisStore) {
 	t.Helper()
-	m := newMemoryStore(time.Hour)
+	m := MSNewSweep(time.Hour)
 	t.Cleanup(func() { m.Close() })
 	srv := testredis.Start(t)
 	rs, err := NewRedisStore(srv.Client(t), "redis "+srv.Addr)
@@ -480,14 +480,14 @@ func TestGCRATokenBucketRuleChange(t *testing.T) {
 					// one outruns: drop the key where memory has, as Redis
 					// would by then. (A key that expires full under a
 					// smaller burst is full again only once it is gone.)
-					if !gtLive(mem, key, now) {
+					if !mem.HoldsAt(key, now) {
 						if err := rs.Reset(context.Background(), c); err != nil {
 							t.Fatal(err)
 						}
 					}
 					c.Cost = st.cost
-					a[j] = decideOne(t, rs, c, now)
-					b[j] = decideOne(t, mem, c, now)
+					a[j] = STDecideOne(t, rs, c, now)
+					b[j] = STDecideOne(t, mem, c, now)
 				}
 				steps, got = append(steps, part...), append(got, a...)
 				gtSameResults(t, fmt.Sprintf("sequence seed %d, redis vs memory %s %v", s, algo, cfg), part, a, b)
@@ -499,13 +499,4 @@ func TestGCRATokenBucketRuleChange(t *testing.T) {
 			}
 		}
 	}
-}
-
-// gtLive reports whether key is stored and unexpired in m at now.
-func gtLive(m *MemoryStore, key string, now int64) bool {
-	sh := &m.shards[m.shardOf(key)]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	st := sh.m[key]
-	return st != nil && st.expireUS > now
 }

@@ -71,7 +71,7 @@ func TestRuleChangeRedisMatchesMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := newMemoryStore(time.Hour)
+	mem := MSNewSweep(time.Hour)
 	defer mem.Close()
 	ctx := context.Background()
 	for _, algo := range Algorithms {
@@ -91,13 +91,13 @@ func TestRuleChangeRedisMatchesMemory(t *testing.T) {
 						c.Cost = cost[i]
 						// Redis expires keys on its own clock, which this one
 						// outruns: drop the key where memory has, as Redis would.
-						if !gtLive(mem, key, now) {
+						if !mem.HoldsAt(key, now) {
 							if err := rs.Reset(ctx, c); err != nil {
 								t.Fatal(err)
 							}
 						}
-						onRedis := decideOne(t, rs, c, now)
-						inMemory := decideOne(t, mem, c, now)
+						onRedis := STDecideOne(t, rs, c, now)
+						inMemory := STDecideOne(t, mem, c, now)
 						history = append(history, fmt.Sprintf("L=%d P=%d B=%d +%d c=%d: %+v", s.limit, s.period, s.burst, adv[i], cost[i], inMemory))
 						if onRedis != inMemory {
 							t.Fatalf("sequence %d phase %d step %d: redis %+v, memory %+v\nhistory:\n%s", seq, ph, i, onRedis, inMemory, joinLines(history))
@@ -160,7 +160,7 @@ func TestSlidingLogLimitChangeMatchesModel(t *testing.T) {
 					}
 					history = append(history, fmt.Sprintf("L=%d +%d c=%d: %+v", s.limit, adv[i], cost[i], want))
 					for _, st := range stores {
-						if got := decideOne(t, st, c, now); got != want {
+						if got := STDecideOne(t, st, c, now); got != want {
 							t.Fatalf("sequence %d phase %d step %d: %s %+v, model %+v\nhistory:\n%s", seq, ph, i, st.Name(), got, want, joinLines(history))
 						}
 					}
@@ -169,7 +169,7 @@ func TestSlidingLogLimitChangeMatchesModel(t *testing.T) {
 		}
 	}
 	t.Run("memory", func(t *testing.T) {
-		m := newMemoryStore(time.Hour)
+		m := MSNewSweep(time.Hour)
 		defer m.Close()
 		run(t, 500, m)
 	})
@@ -179,7 +179,7 @@ func TestSlidingLogLimitChangeMatchesModel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := newMemoryStore(time.Hour)
+		m := MSNewSweep(time.Hour)
 		defer m.Close()
 		run(t, 30, rs, m)
 	})

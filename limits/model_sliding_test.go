@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/internal/testredis"
-	"github.com/rategate/rategate/lua"
 )
 
 var slidingSeed = flag.Int64("sliding.seed", 0, "seed of the randomized sliding_log/sliding_window tests (0 = from the clock)")
@@ -233,7 +232,7 @@ func testMatchesModel(t *testing.T, algo Algorithm) {
 	seed := modelSeed(t)
 	t.Run("memory", func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(seed), 1))
-		m := newMemoryStore(time.Hour)
+		m := MSNewSweep(time.Hour)
 		defer m.Close()
 		const sequences, steps = 2000, 60
 		for i := 0; i < sequences; i++ {
@@ -242,7 +241,7 @@ func testMatchesModel(t *testing.T, algo Algorithm) {
 			ref := newRefModel(algo, s.limit, s.period)
 			for j := range s.now {
 				c.Cost = s.cost[j]
-				got := decideOne(t, m, c, s.now[j])
+				got := STDecideOne(t, m, c, s.now[j])
 				if want := ref.decide(s.now[j], s.cost[j]); got != want {
 					t.Fatalf("sequence %d step %d: memory %+v, model %+v\n%s", i, j, got, want, s.describe(j))
 				}
@@ -259,7 +258,7 @@ func testMatchesModel(t *testing.T, algo Algorithm) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := newMemoryStore(time.Hour)
+		m := MSNewSweep(time.Hour)
 		defer m.Close()
 		const sequences, steps = 50, 60
 		for i := 0; i < sequences; i++ {
@@ -268,8 +267,8 @@ func testMatchesModel(t *testing.T, algo Algorithm) {
 			ref := newRefModel(algo, s.limit, s.period)
 			for j := range s.now {
 				c.Cost = s.cost[j]
-				onRedis := decideOne(t, rs, c, s.now[j])
-				inMemory := decideOne(t, m, c, s.now[j])
+				onRedis := STDecideOne(t, rs, c, s.now[j])
+				inMemory := STDecideOne(t, m, c, s.now[j])
 				if onRedis != inMemory {
 					t.Fatalf("sequence %d step %d: redis %+v, memory %+v\n%s", i, j, onRedis, inMemory, s.describe(j))
 				}
@@ -301,9 +300,9 @@ func TestWindowBoundaryBehaviour(t *testing.T) {
 	seed := modelSeed(t)
 	const limit = 10
 	p := PeriodUS(time.Minute)
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		// Ahead of the wall clock so the memory store's sweeper keeps every key.
-		boundary := windowStart(time.Minute) + 2*p
+		boundary := STWindowStart(time.Minute) + 2*p
 
 		// No burst starts within 1 s of a window's end: fixed_window's key
 		// gets the rest of its window on this fake clock as its real Redis
@@ -341,10 +340,10 @@ func TestWindowBoundaryBehaviour(t *testing.T) {
 			for _, algo := range []Algorithm{FixedWindow, SlidingLog, SlidingWindow} {
 				c := Check{Key: fmt.Sprintf("rg:{edge:%s}:%s", strings.ReplaceAll(run.name, " ", "-"), algo.Suffix()),
 					Algorithm: algo, Limit: limit, PeriodUS: p, Burst: limit, Cost: 1}
-				admitted := burstAll(t, s.store, c, run.bursts)
+				admitted := burstAll(t, s.Store, c, run.bursts)
 				worst, end := maxInWindow(admitted, p)
 				t.Logf("%s %-14s %-14s admitted %3d; most in any 60s window: %2d = L%+d (window ending %+.3fs from the first boundary)",
-					s.name, run.name, algo, len(admitted), worst, worst-limit, float64(end-boundary)/1e6)
+					s.Name, run.name, algo, len(admitted), worst, worst-limit, float64(end-boundary)/1e6)
 				switch algo {
 				case FixedWindow:
 					if worst > 2*limit || (run.name == "boundary burst" && worst != 2*limit) {
@@ -357,7 +356,7 @@ func TestWindowBoundaryBehaviour(t *testing.T) {
 				case SlidingWindow:
 					excess, bound := slidingWindowExcess(t, admitted, p, limit)
 					t.Logf("%s %-14s sliding_window worst excess %d (derived bound: floor(A*e/P) in each window, at most L-1 = %d)",
-						s.name, run.name, excess, bound)
+						s.Name, run.name, excess, bound)
 					if excess > bound {
 						t.Errorf("sliding_window: excess %d above L-1 = %d", excess, bound)
 					}
@@ -377,7 +376,7 @@ func burstAll(t *testing.T, s Store, c Check, bursts []int64) []logEntry {
 	var admitted []logEntry
 	for _, at := range bursts {
 		for n := int64(0); n <= c.Limit; n++ {
-			if !decideOne(t, s, c, at).Allowed {
+			if !STDecideOne(t, s, c, at).Allowed {
 				break
 			}
 			admitted = append(admitted, logEntry{at: at, cost: c.Cost})
@@ -409,50 +408,4 @@ func slidingWindowExcess(t *testing.T, admitted []logEntry, p, limit int64) (exc
 		excess = max(excess, in-limit)
 	}
 	return excess, limit - 1
-}
-
-// TestMemoryUsagePerKey fills one key per registered algorithm at a
-// realistic limit (100 per minute, 100 requests spread over the minute) on
-// real Redis and reports MEMORY USAGE: the sliding log grows with L, every
-// other algorithm keeps a fixed small state.
-func TestMemoryUsagePerKey(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	rs, err := NewRedisStore(client, "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := PeriodUS(time.Minute)
-	start := windowStart(time.Minute)
-	usage := map[Algorithm]int64{}
-	for _, algo := range Algorithms {
-		if _, err := lua.Source(string(algo) + ".lua"); algos[algo] == nil || err != nil {
-			t.Logf("memory usage: %s not registered, skipped", algo)
-			continue
-		}
-		c := Check{Key: "rg:{api:203.0.113.7}:" + algo.Suffix(), Algorithm: algo, Limit: 100, PeriodUS: p, Burst: 100, Cost: 1}
-		admitted := 0
-		for i := int64(0); i < 100; i++ {
-			// 500 ms apart with a few ms of jitter, over the first 50 s: the
-			// fixed window's key then outlives the measurement by 10 s.
-			if decideOne(t, rs, c, start+i*p/120+(i%7)*1000).Allowed {
-				admitted++
-			}
-		}
-		n, err := client.MemoryUsage(context.Background(), c.Key, 0).Result()
-		if err != nil {
-			t.Fatalf("MEMORY USAGE %s: %v", c.Key, err)
-		}
-		usage[algo] = n
-		t.Logf("memory usage: %s limit=100 bytes=%d", algo, n)
-		if admitted != 100 {
-			t.Logf("memory usage: %s admitted %d of 100", algo, admitted)
-		}
-		if algo != SlidingLog && n >= 200 {
-			t.Errorf("%s: %d bytes for one key, want < 200 (O(1) state)", algo, n)
-		}
-	}
-	if usage[SlidingLog] <= usage[FixedWindow] {
-		t.Errorf("sliding_log %d bytes <= fixed_window %d: the log should cost more than a counter", usage[SlidingLog], usage[FixedWindow])
-	}
 }

@@ -376,7 +376,7 @@ func (s *RedisStore) Close() error {
 func (s *RedisStore) Decide(ctx context.Context, b *Batch, results []Result) (bool, error) {
 	n := len(b.Checks)
 	if len(results) < n {
-		return false, errNoChecks
+		return false, ErrShortResults
 	}
 	if s.topology == Cluster && n > 1 {
 		return s.decideSlots(ctx, b, results[:n])

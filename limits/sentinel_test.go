@@ -142,7 +142,7 @@ func exactAllAlgorithms(t *testing.T, s Store, tag string) {
 	t.Helper()
 	for _, algo := range Algorithms {
 		ch := Check{Key: "rg:{" + tag + ":" + string(algo) + "}:" + algo.Suffix(), Algorithm: algo, Limit: 50,
-			PeriodUS: PeriodUS(concurrencyPeriod), Burst: 50, Cost: 1}
+			PeriodUS: PeriodUS(STConcurrencyPeriod), Burst: 50, Cost: 1}
 		if got := hammer(t, s, 200, func(int) []Check { return []Check{ch} }); got != 50 {
 			t.Fatalf("%s: admitted %d of 200 concurrent requests, want exactly 50", algo, got)
 		}
@@ -151,7 +151,7 @@ func exactAllAlgorithms(t *testing.T, s Store, tag string) {
 
 // TestOpenRedisURLForms: go-redis's URL forms pick the topology.
 func TestOpenRedisURLForms(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	ctx := testredis.Ctx(t)
 	addrs := c.Addrs()
 	for _, tc := range []struct {
@@ -201,7 +201,7 @@ func TestOpenRedisURLForms(t *testing.T) {
 // TestClusterReadinessNamesTopology: a cluster store's Ping names every
 // primary; before any Ping the name shows the seeds.
 func TestClusterReadinessNamesTopology(t *testing.T) {
-	c := sharedCluster.get(t)
+	c := sharedCluster.Get(t)
 	rs := openClusterStore(t, c)
 	if got := rs.Name(); !strings.HasPrefix(got, "redis cluster via ") {
 		t.Fatalf("Name() before Ping = %q", got)

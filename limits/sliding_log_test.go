@@ -2,11 +2,9 @@ package limits
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,11 +15,11 @@ import (
 )
 
 func TestSlidingLogTimeline(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		c := Check{Key: "rg:{t:sl}:sl", Algorithm: SlidingLog, Limit: 5, PeriodUS: PeriodUS(time.Minute), Burst: 5}
-		start := windowStart(time.Minute)
+		start := STWindowStart(time.Minute)
 		const us = time.Microsecond
-		runTimeline(t, s.store, c, start, []step{
+		STRunTimeline(t, s.Store, c, start, []STStep{
 			// t=1s
 			{time.Second, 1, true, 4, 0, time.Minute},
 			{0, 1, true, 3, 0, time.Minute}, // same microsecond: counted too
@@ -31,7 +29,7 @@ func TestSlidingLogTimeline(t *testing.T) {
 			{0, 1, true, 0, 0, time.Minute},
 			{0, 1, false, 0, 50 * time.Second, time.Minute},
 			{0, 3, false, 0, time.Minute, time.Minute}, // 3 over: 1+1 at 1s free 2, the 11s entries are needed
-			{0, 6, false, 0, neverFits, time.Minute},   // cost above the limit never fits
+			{0, 6, false, 0, STNeverFits, time.Minute}, // cost above the limit never fits
 			{0, 0, true, 0, 0, time.Minute},            // cost 0 looks without consuming
 			// t=60s: the window (0s, 60s] still holds the 1s entries
 			{49 * time.Second, 1, false, 0, time.Second, 11 * time.Second},
@@ -43,7 +41,7 @@ func TestSlidingLogTimeline(t *testing.T) {
 			{time.Minute, 5, true, 0, 0, time.Minute},
 			// t=181s: empty log, nothing to reset
 			{time.Minute, 0, true, 5, 0, 0},
-			{0, 6, false, 5, neverFits, 0},
+			{0, 6, false, 5, STNeverFits, 0},
 		})
 	})
 }
@@ -51,10 +49,10 @@ func TestSlidingLogTimeline(t *testing.T) {
 // TestSlidingLogSameMicrosecond: requests in one microsecond are all
 // recorded (the classic bug keys members by timestamp and collapses them).
 func TestSlidingLogSameMicrosecond(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
-		start := windowStart(time.Minute) + 7
+	STForEach(t, func(t *testing.T, s STStore) {
+		start := STWindowStart(time.Minute) + 7
 		c := Check{Key: "rg:{t:slsame}:sl", Algorithm: SlidingLog, Limit: 5, PeriodUS: PeriodUS(time.Minute), Burst: 5}
-		runTimeline(t, s.store, c, start, []step{
+		STRunTimeline(t, s.Store, c, start, []STStep{
 			{0, 1, true, 4, 0, time.Minute},
 			{0, 1, true, 3, 0, time.Minute},
 			{0, 1, true, 2, 0, time.Minute},
@@ -67,7 +65,7 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 		// a score, so Redis sorts their members "t:10" before "t:2"; nothing
 		// may depend on that order.
 		big := Check{Key: "rg:{t:slsame30}:sl", Algorithm: SlidingLog, Limit: 40, PeriodUS: PeriodUS(time.Minute), Burst: 40}
-		var steps []step
+		var steps []STStep
 		used := int64(0)
 		for i := 0; i < 30; i++ {
 			cost := int64(1)
@@ -75,14 +73,14 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 				cost = 2
 			}
 			used += cost
-			steps = append(steps, step{0, cost, true, 40 - used, 0, time.Minute})
+			steps = append(steps, STStep{0, cost, true, 40 - used, 0, time.Minute})
 		}
-		steps = append(steps, step{0, 8, false, 7, time.Minute, time.Minute})
+		steps = append(steps, STStep{0, 8, false, 7, time.Minute, time.Minute})
 		// 1s later the same microsecond repeats nothing: still 33 used.
-		steps = append(steps, step{time.Second, 7, true, 0, 0, time.Minute})
-		runTimeline(t, s.store, big, start, steps)
+		steps = append(steps, STStep{time.Second, 7, true, 0, 0, time.Minute})
+		STRunTimeline(t, s.Store, big, start, steps)
 
-		rs, ok := s.store.(*RedisStore)
+		rs, ok := s.Store.(*RedisStore)
 		if !ok {
 			return
 		}
@@ -128,15 +126,15 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 // (t-P, t] ending at an admitted request holds at most L.
 func TestSlidingLogNeverExceedsLimit(t *testing.T) {
 	seed := modelSeed(t)
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		rng := rand.New(rand.NewPCG(uint64(seed), 3))
 		p := PeriodUS(10 * time.Second)
 		c := Check{Key: "rg:{t:slmax}:sl", Algorithm: SlidingLog, Limit: 7, PeriodUS: p, Burst: 7}
 		n := 3000
-		if s.name == "redis" {
+		if s.Name == "redis" {
 			n = 800
 		}
-		now := windowStart(10*time.Second) + p // ahead of the wall clock: no sweep
+		now := STWindowStart(10*time.Second) + p // ahead of the wall clock: no sweep
 		var admitted []logEntry
 		denied := 0
 		for i := 0; i < n; i++ {
@@ -148,7 +146,7 @@ func TestSlidingLogNeverExceedsLimit(t *testing.T) {
 				now += rng.Int64N(p)
 			}
 			c.Cost = 1 + rng.Int64N(3)
-			if r := decideOne(t, s.store, c, now); r.Allowed {
+			if r := STDecideOne(t, s.Store, c, now); r.Allowed {
 				admitted = append(admitted, logEntry{at: now, cost: c.Cost})
 			} else {
 				denied++
@@ -156,7 +154,7 @@ func TestSlidingLogNeverExceedsLimit(t *testing.T) {
 		}
 		worst, at := maxInWindow(admitted, p)
 		t.Logf("%s: %d requests, %d admitted, %d denied; most in any window of %v: %d (limit %d, window ending at +%v)",
-			s.name, n, len(admitted), denied, time.Duration(p)*time.Microsecond, worst, c.Limit, time.Duration(at-admitted[0].at)*time.Microsecond)
+			s.Name, n, len(admitted), denied, time.Duration(p)*time.Microsecond, worst, c.Limit, time.Duration(at-admitted[0].at)*time.Microsecond)
 		if worst > c.Limit {
 			t.Fatalf("sliding_log admitted %d within one window, limit %d", worst, c.Limit)
 		}
@@ -188,32 +186,32 @@ func maxInWindow(admitted []logEntry, p int64) (worst, at int64) {
 }
 
 func TestSlidingLogTTL(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		p := 10 * time.Second
 		c := Check{Key: "rg:{t:slttl}:sl", Algorithm: SlidingLog, Limit: 5, PeriodUS: PeriodUS(p), Burst: 5, Cost: 1}
 		now := time.Now().UnixMicro()
-		if r := decideOne(t, s.store, c, now); !r.Allowed {
+		if r := STDecideOne(t, s.Store, c, now); !r.Allowed {
 			t.Fatalf("first request denied: %+v", r)
 		}
-		ttl, ok := s.ttl(c.Key)
+		ttl, ok := s.TTL(c.Key)
 		if !ok || ttl <= 0 || ttl > p {
 			t.Fatalf("ttl %v (present %v), want in (0, %v]", ttl, ok, p)
 		}
 		// A denied request creates no key, whether the cost never fits or
 		// the (empty) log is simply full for it.
 		d := Check{Key: "rg:{t:slttl2}:sl", Algorithm: SlidingLog, Limit: 1, PeriodUS: PeriodUS(p), Burst: 1, Cost: 2}
-		if r := decideOne(t, s.store, d, now); r.Allowed {
+		if r := STDecideOne(t, s.Store, d, now); r.Allowed {
 			t.Fatal("cost 2 over limit 1 allowed")
 		}
-		if _, ok := s.ttl(d.Key); ok {
+		if _, ok := s.TTL(d.Key); ok {
 			t.Fatal("a denied request created a key")
 		}
 		// A zero-cost look records nothing either.
 		d.Cost = 0
-		if r := decideOne(t, s.store, d, now); !r.Allowed || r.Remaining != 1 {
+		if r := STDecideOne(t, s.Store, d, now); !r.Allowed || r.Remaining != 1 {
 			t.Fatalf("cost 0 look: %+v", r)
 		}
-		if _, ok := s.ttl(d.Key); ok {
+		if _, ok := s.TTL(d.Key); ok {
 			t.Fatal("a zero-cost look created a key")
 		}
 	})
@@ -267,7 +265,7 @@ func runStandalone(t *testing.T, file, key string, limit, period int64, start in
 func TestSlidingLogStandaloneScript(t *testing.T) {
 	const s = int64(time.Second / time.Microsecond)
 	p := 60 * s
-	runStandalone(t, "sliding_log.lua", "rg:{demo:1.2.3.4}:sl", 3, p, windowStart(time.Minute), []standaloneStep{
+	runStandalone(t, "sliding_log.lua", "rg:{demo:1.2.3.4}:sl", 3, p, STWindowStart(time.Minute), []standaloneStep{
 		{0, 1, [4]int64{1, 2, p, 0}},
 		{0, 1, [4]int64{1, 1, p, 0}},
 		{10 * s, 1, [4]int64{1, 0, p, 0}},
@@ -282,8 +280,8 @@ func TestSlidingLogStandaloneScript(t *testing.T) {
 // same request denies, neither sliding algorithm records anything (the memory
 // twin's next state is a copy, never written into the stored log).
 func TestSlidingDeniedByOtherRuleConsumesNothing(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
-		now := windowStart(time.Hour) + PeriodUS(time.Hour) + 5
+	STForEach(t, func(t *testing.T, s STStore) {
+		now := STWindowStart(time.Hour) + PeriodUS(time.Hour) + 5
 		for _, algo := range []Algorithm{SlidingLog, SlidingWindow} {
 			sliding := Check{Key: "rg:{both:" + string(algo) + "}:" + algo.Suffix(), Algorithm: algo, Limit: 10,
 				PeriodUS: PeriodUS(time.Hour), Burst: 10, Cost: 2}
@@ -291,7 +289,7 @@ func TestSlidingDeniedByOtherRuleConsumesNothing(t *testing.T) {
 				PeriodUS: PeriodUS(time.Hour), Burst: 1, Cost: 1}
 			res := make([]Result, 2)
 			for i := 0; i < 6; i++ {
-				ok, err := s.store.Decide(context.Background(), &Batch{Checks: []Check{sliding, tight}, NowUS: now + int64(i)}, res)
+				ok, err := s.Store.Decide(context.Background(), &Batch{Checks: []Check{sliding, tight}, NowUS: now + int64(i)}, res)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -302,142 +300,9 @@ func TestSlidingDeniedByOtherRuleConsumesNothing(t *testing.T) {
 					t.Fatalf("%s request %d denied by the other rule: sliding verdict %+v, want allowed with 8 left (nothing consumed)", algo, i, res[0])
 				}
 			}
-			if r, err := s.peekAt(sliding, now+10); err != nil || r.Remaining != 8 {
+			if r, err := s.PeekAt(sliding, now+10); err != nil || r.Remaining != 8 {
 				t.Fatalf("%s: remaining %d (%v) after 1 admitted and 5 denied, want 8", algo, r.Remaining, err)
 			}
 		}
 	})
-}
-
-// TestSlidingLogFullKeyAtCapIsFast: a sliding_log key holding its whole
-// limit at the cap config allows (MaxSlidingLogLimit) decides well inside
-// the default 50 ms budget on a real Redis. It is a measurement with a
-// generous bound, not a speed test: SLOWLOG records every command's own
-// duration inside Redis, and none may exceed 5 ms — denials on the full
-// log, steady admissions (one entry leaves, one comes), and the worst case,
-// an admission just after a whole burst of the limit leaves at once. (Each
-// of them read the whole log before: 7 ms at 10000 entries, 86 ms at 100000.)
-func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
-	srv := testredis.Start(t, "slowlog-log-slower-than 0", "slowlog-max-len 1000")
-	client := srv.Client(t)
-	rs, err := NewRedisStore(client, "redis "+srv.Addr, CoalesceOptions{Disabled: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testredis.Ctx(t)
-	const n = MaxSlidingLogLimit
-	p := PeriodUS(time.Hour)
-	start := time.Now().UnixMicro() + p // ahead of Redis's clock: nothing expires
-	c := Check{Key: "rg:{cap:spread}:sl", Algorithm: SlidingLog, Limit: n, PeriodUS: p, Burst: n, Cost: 1}
-	burst := c
-	burst.Key = "rg:{cap:burst}:sl"
-
-	// Fill both keys through the decide script, pipelined: one entry every
-	// P/n for the first, all n in one µs for the second.
-	src, err := lua.Decide()
-	if err != nil {
-		t.Fatal(err)
-	}
-	script := redis.NewScript(src)
-	if err := script.Load(ctx, client).Err(); err != nil {
-		t.Fatal(err)
-	}
-	fill := func(key string, at func(i int64) int64) {
-		for lo := int64(0); lo < n; lo += 500 {
-			pipe := client.Pipeline()
-			for i := lo; i < min(lo+500, n); i++ {
-				script.EvalSha(ctx, pipe, []string{key}, at(i), lua.Code(string(SlidingLog)), n, p, n, 1, 0)
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if got := client.ZCard(ctx, key).Val(); got != n {
-			t.Fatalf("%s holds %d entries after the fill, want %d", key, got, n)
-		}
-	}
-	fill(c.Key, func(i int64) int64 { return start + i*(p/n) })
-	fill(burst.Key, func(int64) int64 { return start })
-	if err := client.SlowLogReset(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-
-	for i := int64(0); i < 50; i++ {
-		if r := decideOne(t, rs, c, start+p-1-i); r.Allowed || r.Remaining != 0 {
-			t.Fatalf("denial %d on the full log: %+v", i, r)
-		}
-	}
-	for i := int64(0); i < 50; i++ {
-		// entry i leaves at start + i*P/n + P
-		if r := decideOne(t, rs, c, start+p+i*(p/n)); !r.Allowed || r.Remaining != 0 {
-			t.Fatalf("steady admission %d: %+v", i, r)
-		}
-	}
-	if r := decideOne(t, rs, burst, start+p); !r.Allowed || r.Remaining != n-1 {
-		t.Fatalf("admission after the whole burst left: %+v", r)
-	}
-	if got := client.ZCard(ctx, burst.Key).Val(); got != 1 {
-		t.Fatalf("%d entries left after the burst left, want 1", got)
-	}
-
-	logs, err := client.SlowLogGet(ctx, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var decisions int
-	var slowest time.Duration
-	for _, l := range logs {
-		if len(l.Args) == 0 || !strings.EqualFold(l.Args[0], "evalsha") {
-			continue
-		}
-		decisions++
-		slowest = max(slowest, l.Duration)
-	}
-	t.Logf("%d decisions on sliding_log keys of %d entries: slowest %v inside Redis", decisions, n, slowest)
-	if decisions != 101 {
-		t.Fatalf("SLOWLOG holds %d decisions, want 101", decisions)
-	}
-	if slowest > 5*time.Millisecond {
-		t.Fatalf("a decision took %v inside Redis, want < 5ms (the default budget is 50ms for the round trip)", slowest)
-	}
-}
-
-// TestSlidingLogForeignMembers: a sliding_log key whose members are not in
-// the running-total layout (an earlier build's "<time>:<seq>:<cost>", or
-// anything else) makes no decision fail: a look treats it as empty, and a
-// decision that costs something drops it and starts the identity afresh.
-func TestSlidingLogForeignMembers(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	rs, err := NewRedisStore(client, "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testredis.Ctx(t)
-	now := time.Now().UnixMicro()
-	c := Check{Key: "rg:{t:foreign}:sl", Algorithm: SlidingLog, Limit: 3, PeriodUS: PeriodUS(time.Minute), Burst: 3}
-	for i, m := range []string{fmt.Sprintf("%d:0:1", now-2), fmt.Sprintf("%d:1:1", now-2), "junk"} {
-		if err := client.ZAdd(ctx, c.Key, redis.Z{Score: float64(now - 2 + int64(i)), Member: m}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if r, err := rs.PeekAt(ctx, c, now); err != nil || !r.Allowed || r.Remaining != 3 {
-		t.Fatalf("look at a foreign log: %+v, %v; want the full quota", r, err)
-	}
-	if n := client.ZCard(ctx, c.Key).Val(); n != 3 {
-		t.Fatalf("a look changed the foreign log: %d members", n)
-	}
-	c.Cost = 1
-	for i := int64(0); i < 3; i++ {
-		if r := decideOne(t, rs, c, now+i); !r.Allowed || r.Remaining != 2-i {
-			t.Fatalf("request %d on a foreign log: %+v", i, r)
-		}
-	}
-	if r := decideOne(t, rs, c, now+3); r.Allowed {
-		t.Fatalf("fourth request admitted: %+v", r)
-	}
-	members := client.ZRange(ctx, c.Key, 0, -1).Val()
-	if fmt.Sprint(members) != "[a1:1 a2:1 a3:1]" {
-		t.Fatalf("members %v, want the three new entries only", members)
-	}
 }

@@ -7,10 +7,10 @@ import (
 
 // A bucket of 5 refilled at one token per second, starting full.
 func TestTokenBucketTimeline(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		c := Check{Key: "rg:{t:tb}:tb", Algorithm: TokenBucket, Limit: 1, PeriodUS: PeriodUS(time.Second), Burst: 5}
 		ms := time.Millisecond
-		runTimeline(t, s.store, c, time.Now().UnixMicro(), []step{
+		STRunTimeline(t, s.Store, c, time.Now().UnixMicro(), []STStep{
 			{0, 1, true, 4, 0, 1 * time.Second}, // reset = time until full again
 			{0, 1, true, 3, 0, 2 * time.Second},
 			{0, 3, true, 0, 0, 5 * time.Second},
@@ -19,7 +19,7 @@ func TestTokenBucketTimeline(t *testing.T) {
 			{500 * ms, 1, false, 0, 500 * ms, 4500 * ms},                  // half a token
 			{500 * ms, 1, true, 0, 0, 5 * time.Second},                    // one whole token
 			{2500 * ms, 2, true, 0, 0, 4500 * ms},                         // 2.5 refilled, 2 taken, the half kept
-			{0, 6, false, 0, neverFits, 4500 * ms},                        // cost above the burst never fits
+			{0, 6, false, 0, STNeverFits, 4500 * ms},                      // cost above the burst never fits
 			{1200 * ms, 0, true, 1, 0, 3300 * ms},                         // 0.5 + 1.2 s refilled: 1 token and 0.7 of the next
 			{3300*ms - time.Microsecond, 0, true, 4, 0, time.Microsecond}, // 1 µs short of full
 			{time.Microsecond, 0, true, 5, 0, 0},                          // complete refill, exactly on time
@@ -29,8 +29,8 @@ func TestTokenBucketTimeline(t *testing.T) {
 		})
 		fresh := c
 		fresh.Key = "rg:{t:tb6}:tb"
-		runTimeline(t, s.store, fresh, time.Now().UnixMicro(), []step{
-			{0, 6, false, 5, neverFits, 0}, // a fresh bucket is full, and 6 never fit in 5
+		STRunTimeline(t, s.Store, fresh, time.Now().UnixMicro(), []STStep{
+			{0, 6, false, 5, STNeverFits, 0}, // a fresh bucket is full, and 6 never fit in 5
 			{0, 5, true, 0, 0, 5 * time.Second},
 		})
 	})
@@ -42,10 +42,10 @@ func TestTokenBucketTimeline(t *testing.T) {
 // maths would (step 3) and never earlier. gcra with the same rule loses
 // nothing (TestGCRAFractionalInterval).
 func TestTokenBucketFractionalRefill(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		c := Check{Key: "rg:{t:tb3}:tb", Algorithm: TokenBucket, Limit: 3, PeriodUS: PeriodUS(10 * time.Second), Burst: 2}
 		us := time.Microsecond
-		runTimeline(t, s.store, c, time.Now().UnixMicro(), []step{
+		STRunTimeline(t, s.Store, c, time.Now().UnixMicro(), []STStep{
 			{0, 2, true, 0, 0, 6666667 * us},
 			{3333334 * us, 1, true, 0, 0, 6666667 * us}, // 1 token + 0.67 µs earned; the 0.67 µs dropped
 			{3333333 * us, 1, false, 0, us, 3333334 * us},
@@ -55,7 +55,7 @@ func TestTokenBucketFractionalRefill(t *testing.T) {
 }
 
 func TestTokenBucketTTL(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s storeUnderTest) {
+	STForEach(t, func(t *testing.T, s STStore) {
 		gtCheckTTL(t, s, TokenBucket)
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -155,7 +157,7 @@ func TestDenyCacheMetrics(t *testing.T) {
 	// The parts New wires for Redis, over a memory store: a limiter with a
 	// deny cache and the metrics as its store observer.
 	m := metrics.New()
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	defer mem.Close()
 	c := limits.NewDenyCache(1000)
 	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})
@@ -231,7 +233,7 @@ func TestDenyCacheObservedAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	defer mem.Close()
 	c := limits.NewDenyCache(100)
 	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})

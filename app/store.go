@@ -8,6 +8,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+
 	"github.com/rs/zerolog"
 
 	"github.com/rategate/rategate/config"
@@ -19,9 +22,9 @@ import (
 // returns the in-memory store and says so. The Redis store is returned
 // twice: as the store, and as itself for what only Redis has (nil on the
 // memory store).
-func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, *limits.RedisStore, error) {
+func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, *redisstore.Store, error) {
 	rc := cfg.Redis
-	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password, Coalesce: limits.CoalesceOptions{
+	o := redisstore.Options{Username: rc.Username, Password: rc.Password, Coalesce: redisstore.CoalesceOptions{
 		Disabled:  !rc.Coalesce.Enabled,
 		Pipelines: rc.Coalesce.Pipelines,
 		MaxBatch:  rc.Coalesce.MaxBatch,
@@ -44,9 +47,9 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.
 		o.SentinelUsername, o.SentinelPassword = rc.Sentinel.Username, rc.Sentinel.Password
 	default:
 		log.Info().Msg("no Redis configured: using the embedded in-memory store (limits are per process; set -redis redis://host:6379/0 to share them)")
-		return limits.NewMemoryStore(), nil, nil
+		return memstore.New(), nil, nil
 	}
-	store, err := limits.OpenRedis(o)
+	store, err := redisstore.Open(o)
 	if err != nil {
 		return nil, nil, err
 	}

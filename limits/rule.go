@@ -1,6 +1,9 @@
-// Package limits holds rategate's rules, their matching, key building, the
-// rate-limit algorithms and the stores (Redis and in-memory) that run them.
-// It knows nothing about HTTP.
+// Package limits is rategate's domain: rules, their matching, the
+// algorithm table, key building, route normalization and the IP identity,
+// and the Limiter that decides a request against a Store (with the breaker,
+// the local fallback and the deny cache as its options). It knows neither
+// HTTP nor Redis: the stores are limits/memstore and limits/redisstore, and
+// limits/storetest is the conformance suite both pass.
 package limits
 
 import (

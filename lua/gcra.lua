@@ -33,7 +33,7 @@
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
--- limits/algo_gcra.go is the in-memory twin, step for step.
+-- limits/memstore/algo_gcra.go is the in-memory twin, step for step.
 --
 -- By hand: redis-cli --eval lua/gcra.lua rg:{demo:1.2.3.4}:gc , 0 1 1000000 5 1
 

@@ -27,7 +27,7 @@
 -- new P (d), and moves the TTL accordingly.
 --
 -- Float convention, repeated operation for operation by the Go twin
--- (limits/algo_sliding_window.go) so both stores agree to the last bit:
+-- (limits/memstore/algo_sliding_window.go) so both stores agree to the last bit:
 --   est = prev * (1 - elapsed / P) + curr
 -- evaluated left to right as four rounded doubles (q = elapsed / P; k = 1 - q;
 -- x = prev * k; est = x + curr), then the verdict est + c <= L. All inputs are

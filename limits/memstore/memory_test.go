@@ -1,0 +1,34 @@
+package memstore
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+)
+
+func TestEvictsIdleKeys(t *testing.T) {
+	s := NewSweeping(20 * time.Millisecond)
+	defer s.Close()
+	ctx := context.Background()
+	var r [1]limits.Result
+	for i := 0; i < 10000; i++ {
+		c := limits.Check{Key: "rg:{e:" + strconv.Itoa(i) + "}:fw", Algorithm: limits.FixedWindow, Limit: 5,
+			PeriodUS: limits.PeriodUS(100 * time.Millisecond), Burst: 5, Cost: 1}
+		if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{c}}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n == 0 {
+		t.Fatal("no keys stored")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for s.Len() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.Len(); n != 0 {
+		t.Fatalf("%d idle keys still stored after their windows ended", n)
+	}
+}

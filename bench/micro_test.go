@@ -333,7 +333,7 @@ func BenchmarkRedisPipelined(b *testing.B) {
 	if err := script.Load(context.Background(), client).Err(); err != nil {
 		b.Fatal(err)
 	}
-	code := lua.Code(string(limits.FixedWindow))
+	code := limits.FixedWindow.Code()
 	keys := make([]string, len(users))
 	for u := range users {
 		keys[u] = fmt.Sprintf("rgbench:{pipe:%s}:fw", users[u])

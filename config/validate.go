@@ -28,11 +28,7 @@ const (
 	maxSpan = 400 * 24 * time.Hour
 	// maxCostLimit bounds identity.max_cost.
 	maxCostLimit = 1_000_000
-	// maxSlidingLogLimit bounds a sliding_log rule's limit: what one Redis
-	// key's memory and its worst decision allow (limits.MaxSlidingLogLimit).
-	maxSlidingLogLimit = limits.MaxSlidingLogLimit
-
-	maxTimeout = 10 * time.Second
+	maxTimeout   = 10 * time.Second
 
 	// Bounds of redis.coalesce.
 	maxPipelines = 256
@@ -512,7 +508,7 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 		}
 	}
 	if algOK && limitOK {
-		if msg := checkSlidingLog(r.Algorithm, r.Limit); msg != "" {
+		if msg := checkAlgorithmLimit(r.Algorithm, r.Limit); msg != "" {
 			at(rr.Limit.Line, "%s", msg)
 		}
 	}
@@ -649,13 +645,18 @@ func checkLimit(v int64) string {
 	return ""
 }
 
-// checkSlidingLog bounds a sliding_log limit (maxSlidingLogLimit).
-func checkSlidingLog(alg limits.Algorithm, limit int64) string {
-	if alg != limits.SlidingLog || limit <= maxSlidingLogLimit {
+// checkAlgorithmLimit applies the algorithm table's own bound on a limit
+// (sliding_log: limits.MaxSlidingLogLimit).
+func checkAlgorithmLimit(alg limits.Algorithm, limit int64) string {
+	info, ok := alg.Info()
+	if !ok || info.MaxLimit == 0 || limit <= info.MaxLimit {
 		return ""
 	}
-	return fmt.Sprintf("limit must be <= %d for sliding_log, got %d: the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits",
-		maxSlidingLogLimit, limit)
+	why := ""
+	if alg == limits.SlidingLog {
+		why = ": the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits"
+	}
+	return fmt.Sprintf("limit must be <= %d for %s, got %d%s", info.MaxLimit, alg, limit, why)
 }
 
 func checkBurst(v int64) string {
@@ -727,7 +728,7 @@ func CheckRule(r *limits.Rule) error {
 	add(limitMsg)
 	add(periodMsg)
 	if limitMsg == "" {
-		add(checkSlidingLog(r.Algorithm, r.Limit))
+		add(checkAlgorithmLimit(r.Algorithm, r.Limit))
 	}
 	capOK := algOK && limitMsg == ""
 	if r.Algorithm.UsesBurst() {

@@ -14,34 +14,6 @@ import (
 	"time"
 )
 
-// Algorithm names a rate-limit algorithm as written in the config file.
-type Algorithm string
-
-// The algorithms rategate implements. Their semantics are in docs/algorithms.md.
-const (
-	FixedWindow   Algorithm = "fixed_window"
-	SlidingLog    Algorithm = "sliding_log"
-	SlidingWindow Algorithm = "sliding_window"
-	GCRA          Algorithm = "gcra"
-	TokenBucket   Algorithm = "token_bucket"
-)
-
-// Algorithms lists every algorithm in the order the docs present them.
-var Algorithms = []Algorithm{FixedWindow, SlidingLog, SlidingWindow, GCRA, TokenBucket}
-
-// Valid reports whether a is an algorithm rategate implements.
-func (a Algorithm) Valid() bool {
-	for _, k := range Algorithms {
-		if a == k {
-			return true
-		}
-	}
-	return false
-}
-
-// UsesBurst reports whether the algorithm has a burst separate from its limit.
-func (a Algorithm) UsesBurst() bool { return a == GCRA || a == TokenBucket }
-
 // KeyKind is one dimension of a rule's identity.
 type KeyKind uint8
 
@@ -211,12 +183,3 @@ func (r *Rule) Matches(req *Request) bool {
 	}
 	return true
 }
-
-// MaxSlidingLogLimit is the largest limit a sliding_log rule may have (config
-// validation enforces it). The log keeps one Redis entry, about 110 bytes,
-// per admitted request for a whole period, and the one decision that is not
-// O(log n), an admission just after many entries left together, removes
-// them all: measured on Redis 7.0 (docs/algorithms.md), a full key of 10000
-// takes 1.1 MB and at worst 0.7 ms; of 100000, 10 MB and 15 ms, during which
-// Redis serves nobody else.
-const MaxSlidingLogLimit = 10_000

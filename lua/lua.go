@@ -16,21 +16,12 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/rategate/rategate/limits"
 	"github.com/redis/go-redis/v9"
 )
 
 //go:embed *.lua
 var files embed.FS
-
-// algorithmFiles lists the algorithm scripts in the order of their numeric
-// code (1-based), the code decide.lua and refund.lua receive in ARGV.
-var algorithmFiles = []struct{ file, fn string }{
-	{"fixed_window.lua", "fixed_window"},
-	{"sliding_log.lua", "sliding_log"},
-	{"sliding_window.lua", "sliding_window"},
-	{"gcra.lua", "gcra"},
-	{"token_bucket.lua", "token_bucket"},
-}
 
 const standaloneMarker = "-- @standalone"
 
@@ -41,16 +32,6 @@ func Source(name string) (string, error) {
 		return "", fmt.Errorf("lua: %w", err)
 	}
 	return string(b), nil
-}
-
-// Code returns the numeric code decide.lua uses for an algorithm name, or 0.
-func Code(algorithm string) int {
-	for i, a := range algorithmFiles {
-		if a.fn == algorithm {
-			return i + 1
-		}
-	}
-	return 0
 }
 
 // FunctionLibrary is decide.lua and refund.lua as one Redis Functions
@@ -143,7 +124,8 @@ type algorithm struct {
 // three functions the drivers call.
 func algorithmParts(read source) ([]algorithm, error) {
 	var out []algorithm
-	for i, a := range algorithmFiles {
+	for _, info := range limits.AlgorithmTable() {
+		a := struct{ file, fn string }{string(info.Name) + ".lua", string(info.Name)}
 		src, err := read(a.file)
 		if err != nil {
 			return nil, err
@@ -161,7 +143,7 @@ func algorithmParts(read source) ([]algorithm, error) {
 				return nil, fmt.Errorf("lua: %s defines %s %d times above its %q line, want once", a.file, f, n, standaloneMarker)
 			}
 		}
-		out = append(out, algorithm{code: i + 1, fn: a.fn, body: body})
+		out = append(out, algorithm{code: info.Code, fn: a.fn, body: body})
 	}
 	return out, nil
 }

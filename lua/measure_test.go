@@ -9,7 +9,7 @@ package lua_test
 //	go test -run '^$' -bench 'BenchmarkSlidingLogFullKey' -benchtime 200x ./lua/
 //
 // The same file runs unchanged on older commits (it only needs lua.Decide
-// and lua.Code), which is how docs/algorithms.md's "before" columns were
+// and limits.Algorithm.Code), which is how docs/algorithms.md's "before" columns were
 // measured. Each benchmark starts its own redis-server on loopback.
 
 import (
@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/lua"
 )
 
@@ -102,7 +103,7 @@ func BenchmarkDecide(b *testing.B) {
 		b.Run(a.name, func(b *testing.B) {
 			client := testredis.Start(b).Client(b)
 			sha := client.ScriptLoad(context.Background(), src).Val()
-			code := int64(lua.Code(a.name))
+			code := int64(limits.Algorithm(a.name).Code())
 			args := decideArgs(0, [5]int64{code, 100, 60_000_000, 100, 1})
 			b.ResetTimer()
 			calls, usec := commandStats(b, client, "evalsha", func() {
@@ -118,8 +119,8 @@ func BenchmarkDecide(b *testing.B) {
 		client := testredis.Start(b).Client(b)
 		sha := client.ScriptLoad(context.Background(), src).Val()
 		args := decideArgs(0,
-			[5]int64{int64(lua.Code("fixed_window")), 100, 60_000_000, 100, 1},
-			[5]int64{int64(lua.Code("sliding_window")), 1000, 3_600_000_000, 1000, 1})
+			[5]int64{int64(limits.FixedWindow.Code()), 100, 60_000_000, 100, 1},
+			[5]int64{int64(limits.Algorithm("sliding_window").Code()), 1000, 3_600_000_000, 1000, 1})
 		b.ResetTimer()
 		_, usec := commandStats(b, client, "evalsha", func() {
 			runPipelined(b, client, b.N, func(p redis.Pipeliner, i int) *redis.Cmd {
@@ -132,7 +133,7 @@ func BenchmarkDecide(b *testing.B) {
 	b.Run("gcra_denying", func(b *testing.B) {
 		client := testredis.Start(b).Client(b)
 		sha := client.ScriptLoad(context.Background(), src).Val()
-		args := decideArgs(0, [5]int64{int64(lua.Code("gcra")), 10, 1_000_000, 20, 1})
+		args := decideArgs(0, [5]int64{int64(limits.Algorithm("gcra").Code()), 10, 1_000_000, 20, 1})
 		b.ResetTimer()
 		_, usec := commandStats(b, client, "evalsha", func() {
 			runPipelined(b, client, b.N, func(p redis.Pipeliner, i int) *redis.Cmd {
@@ -145,9 +146,9 @@ func BenchmarkDecide(b *testing.B) {
 		client := testredis.Start(b).Client(b)
 		sha := client.ScriptLoad(context.Background(), src).Val()
 		args := decideArgs(0,
-			[5]int64{int64(lua.Code("fixed_window")), 100, 60_000_000, 100, 1},
-			[5]int64{int64(lua.Code("sliding_window")), 1000, 3_600_000_000, 1000, 1},
-			[5]int64{int64(lua.Code("gcra")), 10, 1_000_000, 20, 1})
+			[5]int64{int64(limits.FixedWindow.Code()), 100, 60_000_000, 100, 1},
+			[5]int64{int64(limits.Algorithm("sliding_window").Code()), 1000, 3_600_000_000, 1000, 1},
+			[5]int64{int64(limits.Algorithm("gcra").Code()), 10, 1_000_000, 20, 1})
 		b.ResetTimer()
 		calls, usec := commandStats(b, client, "evalsha", func() {
 			runPipelined(b, client, b.N, func(p redis.Pipeliner, i int) *redis.Cmd {
@@ -170,7 +171,7 @@ var oldLogMember = regexp.MustCompile(`^\d+:\d+:\d+$`)
 func fillSlidingLog(b *testing.B, client *redis.Client, sha, key string, n, start, period, step int64) {
 	b.Helper()
 	ctx := context.Background()
-	code := int64(lua.Code("sliding_log"))
+	code := int64(limits.Algorithm("sliding_log").Code())
 	probe := "rg:{probe}:sl"
 	if err := client.EvalSha(ctx, sha, []string{probe}, decideArgs(start, [5]int64{code, n, period, n, 1})...).Err(); err != nil {
 		b.Fatal(err)
@@ -237,7 +238,7 @@ func BenchmarkSlidingLogFullKey(b *testing.B) {
 		b.Fatal(err)
 	}
 	const period = int64(3_600_000_000)
-	code := int64(lua.Code("sliding_log"))
+	code := int64(limits.Algorithm("sliding_log").Code())
 	for _, n := range []int64{100, 10_000, 100_000} {
 		for _, mode := range []string{"denied", "steady"} {
 			b.Run(fmt.Sprintf("L=%d/%s", n, mode), func(b *testing.B) {
@@ -294,7 +295,7 @@ func BenchmarkSlidingLogExpireAll(b *testing.B) {
 		b.Fatal(err)
 	}
 	const period = int64(3_600_000_000)
-	code := int64(lua.Code("sliding_log"))
+	code := int64(limits.Algorithm("sliding_log").Code())
 	for _, n := range []int64{100, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("L=%d", n), func(b *testing.B) {
 			srv := testredis.Start(b, "slowlog-log-slower-than 0", "slowlog-max-len 100")

@@ -32,3 +32,16 @@ func TestEvictsIdleKeys(t *testing.T) {
 		t.Fatalf("%d idle keys still stored after their windows ended", n)
 	}
 }
+
+// TestEveryAlgorithmHasATwin: the memory store implements every algorithm
+// of the algorithm table, and nothing else.
+func TestEveryAlgorithmHasATwin(t *testing.T) {
+	for _, a := range limits.Algorithms {
+		if algos[a] == nil {
+			t.Errorf("%s: no Go twin registered", a)
+		}
+	}
+	if len(algos) != len(limits.Algorithms) {
+		t.Errorf("%d twins registered for %d algorithms", len(algos), len(limits.Algorithms))
+	}
+}

@@ -16,8 +16,6 @@ import (
 	"github.com/rategate/rategate/limits"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/rategate/rategate/lua"
 )
 
 // Multi-rule decisions on Redis Cluster.
@@ -127,7 +125,7 @@ func parallel(n int, fn func(i int)) {
 // decideSlots decides a batch whose checks may live in several slots.
 func (s *Store) decideSlots(ctx context.Context, b *limits.Batch, results []limits.Result) (bool, error) {
 	for i := range b.Checks {
-		if lua.Code(string(b.Checks[i].Algorithm)) == 0 {
+		if b.Checks[i].Algorithm.Code() == 0 {
 			return false, fmt.Errorf("redis store: algorithm %q not implemented", b.Checks[i].Algorithm)
 		}
 	}
@@ -228,7 +226,7 @@ func (s *Store) dryGroups(ctx context.Context, b *limits.Batch, groups []slotGro
 		g := &groups[i]
 		call := groupCall(ctx, b, g)
 		call.keys = append(call.keys, inSlotOf(call.keys[0], "dry"))
-		call.args = append(call.args, lua.Code(string(limits.FixedWindow)), 1, 1_000_000, 1, int64(2), 0)
+		call.args = append(call.args, limits.FixedWindow.Code(), 1, 1_000_000, 1, int64(2), 0)
 		reply, err := s.eval(call)
 		if err == nil {
 			res := make([]limits.Result, len(g.idx)+1)
@@ -318,7 +316,7 @@ func newRefundJob(b *limits.Batch, g *slotGroup, results []limits.Result, marker
 		}
 		j.keys = append(j.keys, c.Key)
 		j.idx = append(j.idx, i)
-		j.args = append(j.args, lua.Code(string(c.Algorithm)), c.Limit, c.PeriodUS, c.Burst, c.Cost,
+		j.args = append(j.args, c.Algorithm.Code(), c.Limit, c.PeriodUS, c.Burst, c.Cost,
 			g.at, r.Remaining, r.ResetUS)
 	}
 	if len(j.keys) == 0 {

@@ -507,7 +507,7 @@ func (s *Store) lateReply(call *scriptCall, reply any, err error) {
 
 // appendCheckArgs appends decide.lua's six ARGV of one check.
 func appendCheckArgs(args []any, c *limits.Check) ([]any, error) {
-	code := lua.Code(string(c.Algorithm))
+	code := c.Algorithm.Code()
 	if code == 0 {
 		return args, fmt.Errorf("redis store: algorithm %q not implemented", c.Algorithm)
 	}

@@ -52,7 +52,7 @@ func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
 		for lo := int64(0); lo < n; lo += 500 {
 			pipe := client.Pipeline()
 			for i := lo; i < min(lo+500, n); i++ {
-				script.EvalSha(ctx, pipe, []string{key}, at(i), lua.Code(string(limits.SlidingLog)), n, p, n, 1, 0)
+				script.EvalSha(ctx, pipe, []string{key}, at(i), limits.SlidingLog.Code(), n, p, n, 1, 0)
 			}
 			if _, err := pipe.Exec(ctx); err != nil {
 				t.Fatal(err)

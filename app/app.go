@@ -101,11 +101,12 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	a.bg, a.stopBG = context.WithCancel(context.Background())
 
-	store, rs, err := openStore(cfg, opts.RedisURL, a.log)
+	opened, err := openStore(cfg, opts.RedisURL, a.log)
 	if err != nil {
 		a.stopBG()
 		return nil, err
 	}
+	store, rs := opened.Store, opened.redis
 	a.store, a.redis = store, rs
 
 	kind := metrics.ErrorKindFunc(nil)
@@ -131,8 +132,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		a.wireRedis(cfg, rs, &lo)
 		overrides = redisstore.NewOverrides(rs.Client(), cfg.Redis.KeyPrefix)
 	} else {
-		mem := store.(*memstore.Store)
-		lo.Inspector = mem
+		lo.Inspector = opened.memory
 	}
 	a.limiter = limits.New(lo)
 	if lo.DenyCache != nil {

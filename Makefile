@@ -49,6 +49,9 @@ unit:
 	@# The hot-path allocation guards skip under -race (the race detector
 	@# makes sync.Pool drop items), so they run once more without it.
 	$(GO) test -count=1 -run 'Allocs|CostsNothing' ./handler/ ./app/ ./limits/
+	@# The fault suite once more on the other way of deciding: EVALSHA
+	@# instead of FCALL of the function library (redis.functions: false).
+	$(GO) test -count=1 -timeout 10m ./faults/ -args -faults.functions=false
 
 # The end-to-end suite (e2e/, build tag e2e): real redis-server, two rategate
 # processes, real nginx for every config in nginx/, driven with curl.

@@ -35,6 +35,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedS
 		Pipelines: rc.Coalesce.Pipelines,
 		MaxBatch:  rc.Coalesce.MaxBatch,
 		Wait:      rc.Coalesce.Wait,
+		EvalOnly:  !rc.Functions,
 	}}
 	tlsConf, err := redisTLS(rc.TLS)
 	if err != nil {
@@ -60,6 +61,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedS
 	if err != nil {
 		return openedStore{}, err
 	}
+	store.SetLogger(log)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := store.Ping(ctx); err != nil {
@@ -70,7 +72,9 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedS
 		if err := store.Warm(ctx); err != nil {
 			log.Warn().Err(err).Str("store", store.Name()).Msg("could not preload the scripts; the first decisions will load them")
 		}
-		log.Info().Str("store", store.Name()).Str("topology", string(store.Topology())).Msg("connected to Redis")
+		fcall, evalsha := store.Functions()
+		log.Info().Str("store", store.Name()).Str("topology", string(store.Topology())).
+			Int("servers_fcall", fcall).Int("servers_evalsha", evalsha).Msg("connected to Redis")
 	}
 	return openedStore{Store: store, redis: store}, nil
 }

@@ -91,6 +91,10 @@ type Redis struct {
 	Timeout time.Duration
 	// Coalesce gathers concurrent decisions into Redis pipelines.
 	Coalesce Coalesce
+	// Functions decides with FCALL of rategate's Redis Functions library
+	// on servers that run functions (Redis >= 7.0, allowed by the ACL),
+	// EVALSHA elsewhere; true by default. false: EVALSHA everywhere.
+	Functions bool
 }
 
 // Coalesce is `redis.coalesce:`. Decisions still run one script each;

@@ -352,6 +352,7 @@ func TestLoadFull(t *testing.T) {
 			KeyPrefix: "rg-test",
 			Timeout:   120 * time.Millisecond,
 			Coalesce:  Coalesce{Enabled: false, Pipelines: 8, MaxBatch: 32, Wait: 20 * time.Microsecond},
+			Functions: false,
 		},
 		FailureMode: limits.FailLocal,
 		LocalShare:  4,
@@ -455,7 +456,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Source: "empty.yaml",
 		Redis: Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond,
-			Coalesce: Coalesce{Enabled: true, Pipelines: 4, MaxBatch: 128}},
+			Coalesce: Coalesce{Enabled: true, Pipelines: 4, MaxBatch: 128}, Functions: true},
 		DenyCache:   DenyCache{Enabled: true, MaxEntries: 100_000},
 		FailureMode: limits.FailAllow,
 		LocalShare:  1,

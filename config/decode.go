@@ -95,6 +95,7 @@ type rawRedis struct {
 	KeyPrefix    opt[string]
 	Timeout      opt[time.Duration]
 	Coalesce     rawCoalesce
+	Functions    opt[bool]
 }
 
 func (r *rawRedis) fields() []field {
@@ -108,6 +109,7 @@ func (r *rawRedis) fields() []field {
 		{"key_prefix", &r.KeyPrefix},
 		{"timeout", &r.Timeout},
 		{"coalesce", &r.Coalesce},
+		{"functions", &r.Functions},
 	}
 }
 

@@ -33,6 +33,11 @@ func (c *Config) Describe() string {
 	line("store", "%s", c.Redis.describe())
 	if c.Redis.URL != "" || len(c.Redis.ClusterAddrs) > 0 || c.Redis.Sentinel.Master != "" {
 		line("coalesce", "%s", c.Redis.describeCoalesce())
+		if c.Redis.Functions {
+			line("scripts", "FCALL of the function library on servers that run Redis Functions, EVALSHA on the others")
+		} else {
+			line("scripts", "EVALSHA (redis.functions: false)")
+		}
 		switch {
 		case !c.DenyCache.Enabled:
 			line("deny cache", "off")

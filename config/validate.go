@@ -190,6 +190,10 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 		}
 	}
 	validateCoalesce(d, &r.Coalesce, &out.Coalesce, out.Timeout)
+	out.Functions = true
+	if v := &r.Functions; v.ok() {
+		out.Functions = v.V
+	}
 }
 
 // validateCoalesce checks redis.coalesce. Its wait is spent inside every

@@ -71,8 +71,8 @@ func startGate(t *testing.T, name, redisAddr, mode string, share int) *gate {
 func startGateTimeout(t *testing.T, name, redisAddr, mode string, share int, timeout time.Duration) *gate {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("redis:\n  url: redis://%s/0\n  timeout: %s\nfailure_mode: %s\nlocal_share: %d\n%s",
-		redisAddr, timeout, mode, share, rulesYAML)
+	cfg := fmt.Sprintf("redis:\n  url: redis://%s/0\n  timeout: %s\n  functions: %v\nfailure_mode: %s\nlocal_share: %d\n%s",
+		redisAddr, timeout, *functions, mode, share, rulesYAML)
 	cfgPath := filepath.Join(dir, "rategate.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

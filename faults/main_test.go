@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -13,6 +14,11 @@ import (
 // build say little about production; the Go code itself is race-tested by
 // the unit tests).
 var binPath string
+
+// functions is redis.functions in every config of the suite: make test runs
+// the suite on both ways of deciding (FCALL of the function library, and
+// EVALSHA with -faults.functions=false).
+var functions = flag.Bool("faults.functions", true, "redis.functions of the rategate processes (false: EVALSHA)")
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))

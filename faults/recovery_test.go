@@ -28,8 +28,9 @@ func spend(t *testing.T, g *gate, path, ip string, n int) {
 
 // TestRedisRestartedEmpty: Redis crashes and comes back with no data and no
 // scripts while no request is in flight. The very first decision after it
-// succeeds — the dead pooled connections are replaced and NOSCRIPT is
-// answered by loading the script again — and the breaker never opens.
+// succeeds — the dead pooled connections are replaced and NOSCRIPT (or, on
+// FCALL, the missing function) is answered by loading the script (the
+// library) again — and the breaker never opens.
 func TestRedisRestartedEmpty(t *testing.T) {
 	rs := testredis.StartControlled(t)
 	// deny makes any failed decision a visible 503. The generous budget
@@ -44,8 +45,12 @@ func TestRedisRestartedEmpty(t *testing.T) {
 		t.Fatalf("first decision after Redis restarted empty: %d %q %q %v, want 204 from Redis\n%s",
 			status, mark, body, err, g.logTail())
 	}
-	if n := redisInfo(t, rs.Addr, "errorstats", "errorstat_NOSCRIPT"); n < 1 {
-		t.Fatalf("Redis answered NOSCRIPT %d times: the test did not exercise the reload", n)
+	stat := "errorstat_NOSCRIPT"
+	if *functions {
+		stat = "errorstat_ERR" // ERR Function not found
+	}
+	if n := redisInfo(t, rs.Addr, "errorstats", stat); n < 1 {
+		t.Fatalf("Redis answered %s %d times: the test did not exercise the reload", stat, n)
 	}
 	// The counters went with the data: the quota is full again, and the
 	// request above spent one of it.
@@ -75,9 +80,11 @@ func TestRedisRestartedWithData(t *testing.T) {
 	g.exactly(t, "/window", "198.51.100.11", 4)
 }
 
-// TestScriptFlushUnderLoad: the scripts vanish (SCRIPT FLUSH, as after a
-// restart or a failover to a replica that never saw them) while requests
-// flow. Not one decision fails: EVALSHA's NOSCRIPT is answered with EVAL.
+// TestScriptFlushUnderLoad: the scripts vanish (SCRIPT FLUSH, or FUNCTION
+// FLUSH when deciding with FCALL: as after a restart or a failover to a
+// replica that never saw them) while requests flow. Not one decision fails:
+// EVALSHA's NOSCRIPT is answered with EVAL, FCALL's missing function by
+// loading the library again.
 func TestScriptFlushUnderLoad(t *testing.T) {
 	rs := testredis.StartControlled(t)
 	g := startGateTimeout(t, "rategate", rs.Addr, "deny", 1, correctnessBudget)
@@ -87,8 +94,12 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 	l := startLoad(g)
 	for range 5 {
 		time.Sleep(150 * time.Millisecond)
-		if err := c.ScriptFlush(context.Background()).Err(); err != nil {
-			t.Fatalf("SCRIPT FLUSH: %v", err)
+		flush, what := c.ScriptFlush(context.Background()).Err, "SCRIPT FLUSH"
+		if *functions {
+			flush, what = c.FunctionFlush(context.Background()).Err, "FUNCTION FLUSH"
+		}
+		if err := flush(); err != nil {
+			t.Fatalf("%s: %v", what, err)
 		}
 	}
 	time.Sleep(150 * time.Millisecond)
@@ -99,10 +110,15 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 				s.at, s.status, s.mark, s.err, g.logTail())
 		}
 	}
-	noscript := redisInfo(t, rs.Addr, "errorstats", "errorstat_NOSCRIPT")
-	t.Logf("%d decisions across 5 SCRIPT FLUSHes, %d NOSCRIPT answers reloaded, none failed: %s", len(samples), noscript, statsOf(samples))
-	if noscript < 5 {
-		t.Fatalf("Redis answered NOSCRIPT %d times for 5 flushes: the test did not exercise the reload", noscript)
+	// NOSCRIPT, or "ERR Function not found".
+	stat := "errorstat_NOSCRIPT"
+	if *functions {
+		stat = "errorstat_ERR"
+	}
+	missing := redisInfo(t, rs.Addr, "errorstats", stat)
+	t.Logf("%d decisions across 5 flushes, %d answers that the code was missing (%s) reloaded, none failed: %s", len(samples), missing, stat, statsOf(samples))
+	if missing < 5 {
+		t.Fatalf("Redis answered %s %d times for 5 flushes: the test did not exercise the reload", stat, missing)
 	}
 }
 

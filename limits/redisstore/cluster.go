@@ -559,20 +559,56 @@ func (s *Store) pingSentinel(ctx context.Context, c *redis.Client) error {
 	return nil
 }
 
-// Warm loads the scripts on every primary (or on the one Redis) and so
-// opens a connection to each: the first decisions then do not pay for
-// NOSCRIPT and EVAL of the whole script, which can exceed a 50 ms budget.
-// Call it once at start; Ping reloads scripts a new primary lacks.
+// Warm loads the scripts and the function library on every primary (or on
+// the one Redis) and so opens a connection to each: the first decisions
+// then do not pay for loading them (EVAL of the whole script can exceed a
+// 50 ms budget). Call it once at start; Ping reloads scripts a new primary
+// lacks, and a decision reloads the library where it is missing.
 func (s *Store) Warm(ctx context.Context) error {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			addr := c.Options().Addr
 			if err := s.load(ctx, c); err != nil {
-				return fmt.Errorf("primary %s: %w", c.Options().Addr, err)
+				return fmt.Errorf("primary %s: %w", addr, err)
+			}
+			nd, err := s.nodes.node(addr)
+			if err != nil {
+				return err
+			}
+			if err := nd.co.fn.load(ctx, c); err != nil {
+				return fmt.Errorf("primary %s: function load: %w", addr, err)
 			}
 			return nil
 		})
 	}
-	return s.load(ctx, s.client)
+	if err := s.load(ctx, s.client); err != nil {
+		return err
+	}
+	if err := s.co.fn.load(ctx, s.client); err != nil {
+		return fmt.Errorf("function load: %w", err)
+	}
+	return nil
+}
+
+// Functions reports how many servers the store decides on with FCALL of
+// its function library, and how many with EVALSHA.
+func (s *Store) Functions() (fcall, evalsha int) {
+	count := func(c *coalescer) {
+		if c.fn.eval.Load() {
+			evalsha++
+		} else {
+			fcall++
+		}
+	}
+	if s.co != nil {
+		count(s.co)
+	}
+	if s.nodes != nil {
+		for _, nd := range s.nodes.all() {
+			count(nd.co)
+		}
+	}
+	return fcall, evalsha
 }
 
 // scripts returns the store's scripts: decide, and refund on a cluster.

@@ -44,8 +44,12 @@ import (
 // CoalesceOptions configures how a Redis store gathers decisions into
 // pipelines. The zero value of a field means its default.
 type CoalesceOptions struct {
-	// Disabled sends one EVALSHA per decision, each on its own connection.
+	// Disabled sends one decision per round trip, each on its own
+	// connection.
 	Disabled bool
+	// EvalOnly decides with EVALSHA even on servers that run Redis
+	// Functions (see functions.go).
+	EvalOnly bool
 	// Pipelines is how many pipelines may be in flight at once, each on its
 	// own connection; on Redis Cluster each pipeline is split into one per
 	// node. Default DefaultPipelines.
@@ -196,12 +200,15 @@ func (c *scriptCall) finish(reply any, err error) bool {
 // wait blocks until the call's reply or its context's end. On the latter
 // the call is abandoned: the caller must not touch or release it.
 func (c *scriptCall) wait() (any, error, bool) {
+	// ctx is read once, before the call may change hands: once abandoned,
+	// the runner owns the call and may release (and clear) it at any time.
+	ctx := c.ctx
 	select {
 	case <-c.done:
 		return c.reply, c.err, true
-	case <-c.ctx.Done():
+	case <-ctx.Done():
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
-			return nil, c.ctx.Err(), false
+			return nil, ctx.Err(), false
 		}
 		// Delivered at the same moment: a reply that arrived is a
 		// decision Redis made (and, if admitted, committed), so it wins
@@ -211,9 +218,11 @@ func (c *scriptCall) wait() (any, error, bool) {
 	}
 }
 
-// pipeliner is what the coalescer needs from a go-redis client.
+// pipeliner is what the coalescer needs from a go-redis client: pipelines,
+// and loading the function library.
 type pipeliner interface {
 	Pipeline() redis.Pipeliner
+	loader
 }
 
 // coalescer runs the store's decide script for many callers per pipeline,
@@ -221,7 +230,9 @@ type pipeliner interface {
 type coalescer struct {
 	client pipeliner
 	script *redis.Script
-	opt    CoalesceOptions
+	// fn says whether the server decides with FCALL or EVALSHA.
+	fn  *functions
+	opt CoalesceOptions
 	// parent ends with the store: pipelines in flight give up at Close.
 	parent context.Context
 	// late is handed every reply (or error) whose caller gave up, and the
@@ -271,12 +282,13 @@ func (s *Store) Coalescing() (CoalesceStats, bool) {
 	return st, !s.coOpt.Disabled
 }
 
-func newCoalescer(parent context.Context, client pipeliner, script *redis.Script, o CoalesceOptions,
+func newCoalescer(parent context.Context, client pipeliner, script *redis.Script, fn *functions, o CoalesceOptions,
 	late func(call *scriptCall, reply any, err error)) *coalescer {
 	o = o.withDefaults()
 	c := &coalescer{
 		client: client,
 		script: script,
+		fn:     fn,
 		opt:    o,
 		parent: parent,
 		late:   late,
@@ -404,28 +416,47 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	ctx, cancel := context.WithDeadline(c.parent, deadline.Add(c.opt.LateGrace))
 	defer cancel()
 	for _, call := range live {
-		cmds = append(cmds, c.script.EvalSha(ctx, pipe, call.keys, call.args...))
+		cmds = append(cmds, c.fn.decide(ctx, pipe, c.script, call.keys, call.args))
 	}
 	_, _ = pipe.Exec(ctx)
 	c.pipelines.Add(1)
 	c.sent.Add(uint64(len(live)))
 
-	// A server without the script (restarted, failed over, flushed)
-	// answers NOSCRIPT; EVAL sends the source, which also caches it.
-	// Two things may be sent again, because Redis never ran them: a
-	// script a server lacks (restarted, failed over, flushed) answers
-	// NOSCRIPT, and EVAL sends the source, which also caches it; and a
-	// pipeline that could not even be written (no connection could be
-	// dialed: a Sentinel primary just switched) is tried once more.
-	for attempt := 0; attempt < 2; attempt++ {
+	// What may be sent again, because Redis said it never ran it: an FCALL
+	// of a function the server lacks (restarted, flushed, failed over),
+	// after loading the library; an FCALL the server will not run (too old,
+	// the ACL), as EVALSHA from then on; an EVALSHA of a script the server
+	// lacks, as EVAL, which sends the source and caches it; and a pipeline
+	// that could not even be written (no connection could be dialed: a
+	// Sentinel primary just switched), once.
+	for attempt := 0; attempt < 3; attempt++ {
+		missing := false
+		for _, cmd := range cmds {
+			if isFCall(cmd) && isNoFunction(cmd.Err()) {
+				missing = true
+				break
+			}
+		}
+		if missing {
+			if err := c.fn.load(ctx, c.client); err != nil {
+				break // the server is gone: the calls keep their errors
+			}
+		}
 		retry := false
 		for i, cmd := range cmds {
 			switch err := cmd.Err(); {
+			case err == nil:
+			case isFCall(cmd) && (isNoFunction(err) || functionsUnavailable(err)):
+				if functionsUnavailable(err) {
+					c.fn.useEval(err)
+				}
+				cmds[i] = c.fn.decide(ctx, pipe, c.script, live[i].keys, live[i].args)
+				retry = true
 			case isNoScript(err):
 				cmds[i] = c.script.Eval(ctx, pipe, live[i].keys, live[i].args...)
 				retry = true
 			case attempt == 0 && notSent(err) && ctx.Err() == nil:
-				cmds[i] = c.script.EvalSha(ctx, pipe, live[i].keys, live[i].args...)
+				cmds[i] = c.fn.decide(ctx, pipe, c.script, live[i].keys, live[i].args)
 				retry = true
 			}
 		}

@@ -12,12 +12,18 @@ import (
 
 // TestConformance runs the store conformance suite on every way rategate
 // reaches Redis: one server with decisions coalesced into pipelines and
-// with coalescing off, a Sentinel deployment, and a Redis Cluster. Each arm
+// with coalescing off, a Sentinel deployment, and a Redis Cluster, deciding
+// with FCALL of the function library, and on one server and a cluster with
+// EVALSHA. Each arm
 // starts its servers once; every case gets a fresh store over emptied data.
 func TestConformance(t *testing.T) {
 	t.Run("single", func(t *testing.T) {
 		srv := testredis.Start(t)
 		storetest.Run(t, suiteArm("redis", Options{URL: "redis://" + srv.Addr}, nil))
+	})
+	t.Run("single-evalsha", func(t *testing.T) {
+		srv := testredis.Start(t)
+		storetest.Run(t, suiteArm("redis-evalsha", Options{URL: "redis://" + srv.Addr, Coalesce: CoalesceOptions{EvalOnly: true}}, nil))
 	})
 	t.Run("single-uncoalesced", func(t *testing.T) {
 		srv := testredis.Start(t)
@@ -30,6 +36,10 @@ func TestConformance(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		c := sharedCluster.Get(t)
 		storetest.Run(t, suiteArm("redis-cluster", Options{ClusterAddrs: c.Addrs()}, c.FlushAll))
+	})
+	t.Run("cluster-evalsha", func(t *testing.T) {
+		c := sharedCluster.Get(t)
+		storetest.Run(t, suiteArm("redis-cluster-evalsha", Options{ClusterAddrs: c.Addrs(), Coalesce: CoalesceOptions{EvalOnly: true}}, c.FlushAll))
 	})
 }
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rs/zerolog"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,6 +32,7 @@ import (
 // failover), *redis.ClusterClient and redis.UniversalClient all satisfy it.
 type Client interface {
 	redis.Scripter
+	loader
 	Ping(ctx context.Context) *redis.StatusCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 	Pipeline() redis.Pipeliner
@@ -72,6 +74,7 @@ type Store struct {
 	master string
 	bg     background
 	coOpt  CoalesceOptions
+	log    atomic.Pointer[zerolog.Logger]
 	// co runs the script runs of a single server (standalone, Sentinel);
 	// nodes those of a cluster, one coalescer per primary.
 	co    *coalescer
@@ -124,17 +127,35 @@ func newRedisStore(client Client, topo Topology, name string, co CoalesceOptions
 	s := &Store{client: client, topology: topo, script: lua.DecideScript, refund: lua.RefundScript, coOpt: co}
 	s.bg.init()
 	s.name.Store(&name)
-	newCo := func(p pipeliner) *coalescer { return newCoalescer(s.bg.ctx, p, s.script, co, s.lateReply) }
+	nop := zerolog.Nop()
+	s.log.Store(&nop)
+	newCo := func(p pipeliner, server func() string) *coalescer {
+		fn := newFunctions(co.EvalOnly, func(err error) { s.functionsUnavailable(server(), err) })
+		return newCoalescer(s.bg.ctx, p, s.script, fn, co, s.lateReply)
+	}
 	if cc, ok := client.(*redis.ClusterClient); ok && topo == Cluster {
-		s.nodes = newClusterNodes(cc, func(c *redis.Client) *coalescer { return newCo(c) }, limits.BreakerOptions{
+		s.nodes = newClusterNodes(cc, func(c *redis.Client) *coalescer {
+			addr := c.Options().Addr
+			return newCo(c, func() string { return "redis " + addr })
+		}, limits.BreakerOptions{
 			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure,
 		})
 		s.bg.goRun(s.nodes.run)
 	} else {
-		s.co = newCo(client)
+		s.co = newCo(client, s.Name)
 	}
 	return s, nil
 }
+
+// functionsUnavailable logs, once per server, that it decides with
+// EVALSHA because it would not run rategate's function library.
+func (s *Store) functionsUnavailable(server string, err error) {
+	s.log.Load().Warn().Err(err).Str("store", server).
+		Msg("Redis Functions are not available on this server (Redis >= 7.0 with FCALL and FUNCTION LOAD allowed by the ACL); deciding with EVALSHA, which costs Redis more per decision")
+}
+
+// SetLogger sets the logger the store reports to (zerolog.Nop until then).
+func (s *Store) SetLogger(log zerolog.Logger) { s.log.Store(&log) }
 
 // Options says how to reach Redis: exactly one of URL, ClusterAddrs and
 // SentinelMaster. The other fields apply to whichever is used, unless the URL

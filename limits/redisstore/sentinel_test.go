@@ -225,7 +225,7 @@ type countHook struct{ n *atomic.Int64 }
 func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" || name == "fcall" {
 			h.n.Add(1)
 		}
 		return next(ctx, cmd)
@@ -234,7 +234,7 @@ func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			if name := cmd.Name(); name == "evalsha" || name == "eval" || name == "fcall" {
 				h.n.Add(1)
 			}
 		}

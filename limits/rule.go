@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/rategate/rategate/adaptive"
 )
 
 // Algorithm names a rate-limit algorithm as written in the config file.
@@ -143,6 +145,10 @@ type Rule struct {
 	Shadow bool
 	// Anonymous says what a `user` key does when the request carries no user.
 	Anonymous Anonymous
+	// Adaptive, when set, scales the limit by a factor that follows a load
+	// signal (docs/adaptive.md). The limiter ignores it: package policy
+	// applies the factor by handing the limiter a rule with new numbers.
+	Adaptive *adaptive.Spec
 }
 
 // Anonymous is the policy for the `user` dimension when no user is known.

@@ -40,15 +40,7 @@ func Initial() State { return State{Factor: 1, Step: -1} }
 // 1 (at once, whatever the cooldown: it is the safe value). NaN and
 // infinite values are failures even when err is nil.
 func (s *Spec) Next(st State, now time.Time, v float64, err error) State {
-	if err == nil {
-		switch {
-		case math.IsNaN(v):
-			err = &Error{Reason: NaN, Detail: "the value is NaN"}
-		case math.IsInf(v, 0):
-			err = &Error{Reason: Infinite, Detail: "the value is infinite"}
-		}
-	}
-	if err != nil {
+	if err = Checked(v, err); err != nil {
 		if st.FailingSince.IsZero() {
 			st.FailingSince = now
 		}
@@ -81,4 +73,19 @@ func (s *Spec) Next(st State, now time.Time, v float64, err error) State {
 	}
 	st.Step, st.Factor, st.ChangedAt = target, f, now
 	return st
+}
+
+// Checked returns err, or for a value that is NaN or infinite the error
+// Next would see in its place, so the caller counts and logs what Next
+// decides on.
+func Checked(v float64, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case math.IsNaN(v):
+		return &Error{Reason: NaN, Detail: "the value is NaN"}
+	case math.IsInf(v, 0):
+		return &Error{Reason: Infinite, Detail: "the value is infinite"}
+	}
+	return nil
 }

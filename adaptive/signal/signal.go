@@ -91,6 +91,10 @@ func (r *Reader) Read(ctx context.Context, src *adaptive.Source) (float64, error
 func (r *Reader) get(ctx context.Context, target, accept string) ([]byte, int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, which may hold a password
+		}
 		return nil, 0, &adaptive.Error{Reason: adaptive.Unreachable, Detail: "bad URL: " + err.Error()}
 	}
 	req.Header.Set("Accept", accept)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/adaptive"
+	"github.com/rategate/rategate/config"
 )
 
 // RunAdaptive keeps the adaptive limits going until ctx ends: it reads the
@@ -233,8 +234,11 @@ func (c *ruleController) takeOver(ctx context.Context) {
 	}
 	c.leader, c.written = true, false
 	c.m.setLeading(c.name, true)
-	c.m.log.Info().Str("rule", c.name).Str("factor", describeFactor(c.state.Factor)).Str("previous", rec.SetBy).
-		Msg("this instance now evaluates the rule's adaptive signal")
+	ev := c.m.log.Info().Str("rule", c.name).Str("factor", describeFactor(c.state.Factor))
+	if rec.SetBy != "" {
+		ev = ev.Str("previous", rec.SetBy)
+	}
+	ev.Msg("this instance now evaluates the rule's adaptive signal")
 }
 
 // stepDown ends this instance's term, if it had one.
@@ -267,11 +271,12 @@ func (c *ruleController) report(prev, next adaptive.State, err error) {
 	switch {
 	case isFailing && (!wasFailing || prev.Failing != next.Failing):
 		c.m.log.Warn().Str("rule", c.name).Str("reason", next.Failing.String()).Str("error", err.Error()).
-			Str("factor", describeFactor(next.Factor)).Dur("keep_on_error", c.spec.KeepOnError).
+			Str("factor", describeFactor(next.Factor)).Str("keep_on_error", config.FormatDuration(c.spec.KeepOnError)).
 			Msg("adaptive signal failing: the factor is kept for keep_on_error after the last good reading, then it is x1")
 	case wasFailing && !isFailing:
 		c.m.log.Info().Str("rule", c.name).Float64("signal", next.Signal).
-			Dur("failed_for", next.SignalAt.Sub(prev.FailingSince)).Msg("adaptive signal readable again")
+			Str("failed_for", config.FormatDuration(next.SignalAt.Sub(prev.FailingSince).Round(time.Millisecond))).
+			Msg("adaptive signal readable again")
 	}
 	if next.Factor == prev.Factor {
 		return

@@ -116,7 +116,9 @@ func (c *ruleController) stop() {
 
 func (c *ruleController) run(ctx context.Context) {
 	defer close(c.done)
-	t := time.NewTicker(c.spec.Interval)
+	// Config validation keeps the interval >= 1s; a hand-built spec must
+	// not make the ticker panic or spin.
+	t := time.NewTicker(max(c.spec.Interval, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		c.evaluate(ctx)
@@ -131,7 +133,9 @@ func (c *ruleController) run(ctx context.Context) {
 
 // storeTimeout bounds each lease and record call, so that renewing the
 // lease, reading the signal and writing the record fit in one interval.
-func storeTimeout(s *adaptive.Spec) time.Duration { return min(time.Second, s.Interval/4) }
+func storeTimeout(s *adaptive.Spec) time.Duration {
+	return min(time.Second, max(s.Interval/4, 5*time.Millisecond))
+}
 
 // evaluate is one round: take or renew the lease; if held, read the
 // signal, decide, and write the decision (only while still holding the

@@ -166,6 +166,10 @@ type Spec struct {
 	// KeepOnError is how long a failing signal keeps the last factor
 	// before it returns to 1.
 	KeepOnError time.Duration
+	// KeepRaiseOnError is the same for a factor above 1 (<= KeepOnError):
+	// a signal served by the backend it protects fails precisely under
+	// load, and a raise it granted while idle should not outlive it.
+	KeepRaiseOnError time.Duration
 	// LeaseTTL is the lease of the instance that evaluates the rule: when
 	// it dies, another takes over within LeaseTTL plus one Interval.
 	LeaseTTL time.Duration
@@ -178,9 +182,9 @@ func (s *Spec) Signature() string {
 	if s == nil {
 		return ""
 	}
-	return fmt.Sprintf("%d|%s|%s|%d|%v|%g|%g|%g|%d|%d|%d|%d|%d", s.Source.Kind, s.Source.URL, s.Source.Query,
+	return fmt.Sprintf("%d|%s|%s|%d|%v|%g|%g|%g|%d|%d|%d|%d|%d|%d", s.Source.Kind, s.Source.URL, s.Source.Query,
 		s.Source.Reduce, s.Steps, s.Hysteresis, s.MinFactor, s.MaxFactor, s.Interval, s.Timeout, s.Cooldown,
-		s.KeepOnError, s.LeaseTTL)
+		s.KeepOnError, s.KeepRaiseOnError, s.LeaseTTL)
 }
 
 // DescribeSteps writes the table as -check and the docs show it:

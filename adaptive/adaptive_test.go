@@ -20,7 +20,9 @@ func cpu() *Spec {
 		Timeout:     500 * time.Millisecond,
 		Cooldown:    10 * time.Second,
 		KeepOnError: 30 * time.Second,
-		LeaseTTL:    3 * time.Second,
+		// KeepRaiseOnError 30s too: TestNextKeepRaise shortens it.
+		KeepRaiseOnError: 30 * time.Second,
+		LeaseTTL:         3 * time.Second,
 	}
 }
 
@@ -125,6 +127,27 @@ func TestNextKeepOnError(t *testing.T) {
 	}
 	if st = s.Next(st, now.Add(5*time.Second), 0, errTimeout); st.Factor != 1 {
 		t.Errorf("5s into the failure: factor %g, want 1", st.Factor)
+	}
+}
+
+// TestNextKeepRaise: a factor above 1 is given up on after
+// keep_raise_on_error, one below 1 is kept for keep_on_error: a signal that
+// fails under load does not leave clients a raise granted while idle.
+func TestNextKeepRaise(t *testing.T) {
+	s := cpu()
+	s.KeepRaiseOnError = 2 * time.Second
+	now := time.Unix(1_700_000_000, 0)
+	raised := s.Next(Initial(), now, 10, nil)
+	lowered := s.Next(Initial(), now, 90, nil)
+	if raised.Factor != 1.5 || lowered.Factor != 0.8 {
+		t.Fatalf("factors %g %g", raised.Factor, lowered.Factor)
+	}
+	later := now.Add(2 * time.Second)
+	if st := s.Next(s.Next(raised, now.Add(time.Second), 0, errTimeout), later, 0, errTimeout); st.Factor != 1 {
+		t.Errorf("a raise failing for 2s: factor %g, want 1", st.Factor)
+	}
+	if st := s.Next(s.Next(lowered, now.Add(time.Second), 0, errTimeout), later, 0, errTimeout); st.Factor != 0.8 {
+		t.Errorf("a reduction failing for 2s: factor %g, want 0.8 kept (keep_on_error 30s)", st.Factor)
 	}
 }
 

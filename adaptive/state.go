@@ -36,9 +36,10 @@ func Initial() State { return State{Factor: 1, Step: -1} }
 // A good reading selects a step (StepFor, with hysteresis); the factor
 // moves to it unless the last change is less than Cooldown ago, in which
 // case a later reading moves it. A failed reading keeps the factor until
-// KeepOnError has passed since the last good reading, then the factor is
-// 1 (at once, whatever the cooldown: it is the safe value). NaN and
-// infinite values are failures even when err is nil.
+// KeepOnError (KeepRaiseOnError for a factor above 1) has passed since the
+// last good reading, then the factor is 1 (at once, whatever the
+// cooldown: it is the safe value). NaN and infinite values are failures
+// even when err is nil.
 func (s *Spec) Next(st State, now time.Time, v float64, err error) State {
 	if err = Checked(v, err); err != nil {
 		if st.FailingSince.IsZero() {
@@ -49,7 +50,11 @@ func (s *Spec) Next(st State, now time.Time, v float64, err error) State {
 		if since.IsZero() {
 			since = st.FailingSince
 		}
-		if now.Sub(since) >= s.KeepOnError && (st.Factor != 1 || st.Step != -1) {
+		keep := s.KeepOnError
+		if st.Factor > 1 {
+			keep = min(keep, s.KeepRaiseOnError)
+		}
+		if now.Sub(since) >= keep && (st.Factor != 1 || st.Step != -1) {
 			if st.Factor != 1 {
 				st.ChangedAt = now
 			}

@@ -30,6 +30,7 @@ type rawAdaptive struct {
 	Timeout     opt[time.Duration]
 	Cooldown    opt[time.Duration]
 	KeepOnError opt[time.Duration]
+	KeepRaise   opt[time.Duration]
 	LeaseTTL    opt[time.Duration]
 }
 
@@ -46,6 +47,7 @@ func (a *rawAdaptive) fields() []field {
 		{"timeout", &a.Timeout},
 		{"cooldown", &a.Cooldown},
 		{"keep_on_error", &a.KeepOnError},
+		{"keep_raise_on_error", &a.KeepRaise},
 		{"lease_ttl", &a.LeaseTTL},
 	}
 }
@@ -307,6 +309,13 @@ func compileTiming(ra *rawAdaptive, s *adaptive.Spec, at func(line int, format s
 			at(v.Line, "adaptive.keep_on_error must be between 0s and %s, got %s", FormatDuration(adaptive.MaxKeepOnError), FormatDuration(v.V))
 		}
 	}
+	s.KeepRaiseOnError = s.KeepOnError
+	if v := &ra.KeepRaise; v.ok() {
+		s.KeepRaiseOnError = v.V
+		if v.V < 0 || v.V > s.KeepOnError {
+			at(v.Line, "adaptive.keep_raise_on_error must be between 0s and adaptive.keep_on_error (%s), got %s", FormatDuration(s.KeepOnError), FormatDuration(v.V))
+		}
+	}
 	s.LeaseTTL = adaptive.DefaultLeaseFactor * s.Interval
 	if v := &ra.LeaseTTL; v.ok() {
 		s.LeaseTTL = v.V
@@ -369,5 +378,10 @@ func describeAdaptive(field func(label, format string, args ...any), s *adaptive
 		s.Source.String(), FormatDuration(s.Interval), FormatDuration(s.Timeout), FormatDuration(s.LeaseTTL))
 	field("steps", "%s (hysteresis %s; within x%s..x%s; at most one change per %s)", s.DescribeSteps(),
 		formatFloat(s.Hysteresis), formatFloat(s.MinFactor), formatFloat(s.MaxFactor), FormatDuration(s.Cooldown))
+	if s.KeepRaiseOnError < s.KeepOnError {
+		field("on error", "keep the last factor %s (a factor above 1: %s) after the last good reading, then x1",
+			FormatDuration(s.KeepOnError), FormatDuration(s.KeepRaiseOnError))
+		return
+	}
 	field("on error", "keep the last factor %s after the last good reading, then x1", FormatDuration(s.KeepOnError))
 }

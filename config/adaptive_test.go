@@ -23,7 +23,7 @@ func TestLoadAdaptive(t *testing.T) {
 			Steps:      []adaptive.Step{{Below: 50, Factor: 1.5}, {Below: 80, Factor: 1}, {Below: math.Inf(1), Factor: 0.8}},
 			Hysteresis: 5, MinFactor: 0.5, MaxFactor: 2,
 			Interval: 2 * time.Second, Timeout: time.Second, Cooldown: time.Minute, KeepOnError: 5 * time.Minute,
-			LeaseTTL: 10 * time.Second,
+			KeepRaiseOnError: 10 * time.Second, LeaseTTL: 10 * time.Second,
 		},
 		{
 			// Defaults: the bounds are the table's extremes, the timings
@@ -32,7 +32,7 @@ func TestLoadAdaptive(t *testing.T) {
 			Steps:     []adaptive.Step{{Below: 0.5, Factor: 3}, {Below: 1, Factor: 1}, {Below: math.Inf(1), Factor: 0.25}},
 			MinFactor: 0.25, MaxFactor: 3,
 			Interval: 5 * time.Second, Timeout: 2 * time.Second, Cooldown: 30 * time.Second, KeepOnError: time.Minute,
-			LeaseTTL: 15 * time.Second,
+			KeepRaiseOnError: time.Minute, LeaseTTL: 15 * time.Second,
 		},
 	}
 	for i, w := range want {
@@ -44,7 +44,8 @@ func TestLoadAdaptive(t *testing.T) {
 	for _, line := range []string{
 		`  adaptive:   factor from prometheus https://user:xxxxx@prometheus.example:9090/prom/ query "100 * (1 - avg(rate(node_cpu_seconds_total{mode=\"idle\"}[1m])))" (reduce max), read every 2s (timeout 1s) by one instance at a time (lease 10s)`,
 		`  steps:      below 50: x1.5; below 80: x1; above: x0.8 (hysteresis 5; within x0.5..x2; at most one change per 1m)`,
-		`  on error:   keep the last factor 5m after the last good reading, then x1`,
+		`  on error:   keep the last factor 5m (a factor above 1: 10s) after the last good reading, then x1`,
+		`  on error:   keep the last factor 1m after the last good reading, then x1`,
 		`  adaptive:   factor from http http://127.0.0.1:8081/load, read every 5s (timeout 2s) by one instance at a time (lease 15s)`,
 	} {
 		if !strings.Contains(d, line+"\n") {
@@ -168,6 +169,8 @@ func TestAdaptiveInvalid(t *testing.T) {
 			[]string{`rules[0] "r": adaptive.cooldown must be between 0s and 1d, got -1s`}},
 		{"keep_on_error too long", src + steps + "      keep_on_error: 2d\n",
 			[]string{`rules[0] "r": adaptive.keep_on_error must be between 0s and 1d, got 2d`}},
+		{"keep_raise_on_error over keep_on_error", src + steps + "      keep_on_error: 10s\n      keep_raise_on_error: 20s\n",
+			[]string{`rules[0] "r": adaptive.keep_raise_on_error must be between 0s and adaptive.keep_on_error (10s), got 20s`}},
 		{"lease shorter than two intervals", src + steps + "      interval: 2s\n      lease_ttl: 3s\n",
 			[]string{`rules[0] "r": adaptive.lease_ttl must be at least 2 times adaptive.interval (2s), so the leader renews it in time, got 3s`}},
 		{"lease too long", src + steps + "      lease_ttl: 2h\n",

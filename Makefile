@@ -5,7 +5,7 @@
 GO ?= go
 APT_PACKAGES := redis-server redis-sentinel nginx libnginx-mod-http-lua curl docker-compose prometheus
 
-.PHONY: test deps vet unit e2e deploy-check run build check fmt
+.PHONY: test deps vet unit e2e deploy-check run build check fmt graph
 
 test: deps vet deploy-check unit e2e
 
@@ -75,3 +75,12 @@ check:
 .PHONY: bench
 bench:
 	bash bench/run.sh
+
+# The import graph between rategate's own packages, one package a line with
+# what it imports (docs/design.md carries this output; a test keeps it true).
+graph:
+	@$(GO) list -f '{{.ImportPath}}{{range .Imports}} {{.}}{{end}}' ./... | \
+	  awk -v m='github.com/rategate/rategate' '{ \
+	    name = $$1; sub("^" m "/?", "", name); if (name == "") name = "(main)"; \
+	    out = ""; for (i = 2; i <= NF; i++) if (index($$i, m "/") == 1) { d = $$i; sub("^" m "/", "", d); out = out " " d } \
+	    printf "%-22s ->%s\n", name, (out == "" ? " (none)" : out) }'

@@ -16,6 +16,7 @@ import (
 	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/memstore"
 	"github.com/rategate/rategate/policy"
 )
 
@@ -42,7 +43,7 @@ func TestRulesShowsAdaptive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	defer mem.Close()
 	lim := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules})
 	mgr := policy.NewManager(policy.ManagerOptions{Config: cfg, Limiter: lim, Log: zerolog.Nop(),

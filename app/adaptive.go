@@ -3,7 +3,7 @@ package app
 import (
 	"github.com/rategate/rategate/adaptive"
 	"github.com/rategate/rategate/adaptive/signal"
-	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/redisstore"
 	"github.com/rategate/rategate/metrics"
 	"github.com/rategate/rategate/policy"
 )
@@ -12,13 +12,13 @@ import (
 // records and leases live there (one instance at a time evaluates each
 // rule, every instance applies its decision); with the memory store this
 // instance decides alone.
-func adaptiveOptions(rs *limits.RedisStore, prefix string) (policy.AdaptiveOptions, error) {
+func adaptiveOptions(rs *redisstore.Store, prefix string) (policy.AdaptiveOptions, error) {
 	o := policy.AdaptiveOptions{Instance: policy.DefaultInstance(), Signals: signal.NewReader()}
 	if rs == nil {
 		o.Store = policy.NewMemoryAdaptive()
 		return o, nil
 	}
-	st, err := limits.NewRedisAdaptive(rs.Client(), prefix)
+	st, err := redisstore.NewAdaptive(rs.Client(), prefix)
 	if err != nil {
 		return o, err
 	}

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/rategate/rategate/handler"
@@ -25,7 +27,7 @@ func TestObservedAuthAllocs(t *testing.T) {
 		t.Skip("the race detector makes sync.Pool drop items on purpose; run without -race")
 	}
 	m := metrics.New()
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	defer mem.Close()
 	rules := []*limits.Rule{
 		{Name: "per-ip", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow, Limit: 1 << 40, Period: time.Minute, Burst: 1 << 40, Cost: 1},

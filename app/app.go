@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -69,9 +72,9 @@ type App struct {
 	cfgMu sync.Mutex // serializes reloads; guards cfg
 	cfg   *config.Config
 
-	redis    *limits.RedisStore // nil on the memory store
+	redis    *redisstore.Store // nil on the memory store
 	store    limits.Store
-	local    *limits.MemoryStore // the local fallback (Redis only)
+	local    *memstore.Store // the local fallback (Redis only)
 	breaker  *limits.Breaker
 	limiter  *limits.Limiter
 	metrics  *metrics.Metrics
@@ -80,7 +83,7 @@ type App struct {
 	observer observer
 	handler  atomic.Pointer[handler.Handler]
 	admin    *admin.Server
-	resets   *limits.RedisResets // nil without a deny cache
+	resets   *redisstore.Resets // nil without a deny cache
 
 	bg     context.Context
 	stopBG context.CancelFunc
@@ -98,11 +101,12 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	a.bg, a.stopBG = context.WithCancel(context.Background())
 
-	store, rs, err := openStore(cfg, opts.RedisURL, a.log)
+	opened, err := openStore(cfg, opts.RedisURL, a.log)
 	if err != nil {
 		a.stopBG()
 		return nil, err
 	}
+	store, rs := opened.Store, opened.redis
 	a.store, a.redis = store, rs
 	adaptiveOpts, err := adaptiveOptions(rs, cfg.Redis.KeyPrefix)
 	if err != nil {
@@ -113,7 +117,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 
 	kind := metrics.ErrorKindFunc(nil)
 	if rs != nil {
-		kind = limits.RedisErrorKind
+		kind = redisstore.ErrorKind
 	}
 	a.metrics = metrics.New(metrics.Options{ErrorKind: kind})
 	if opts.Version != "" {
@@ -130,15 +134,11 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		Observer:    a.metrics,
 	}
 	var overrides policy.OverrideStore = policy.NewMemoryOverrides()
-	var clamper limits.GCRAClamper
 	if rs != nil {
 		a.wireRedis(cfg, rs, &lo)
-		overrides = limits.NewRedisOverrides(rs.Client(), cfg.Redis.KeyPrefix)
-		clamper = rs
+		overrides = redisstore.NewOverrides(rs.Client(), cfg.Redis.KeyPrefix)
 	} else {
-		mem := store.(*limits.MemoryStore)
-		lo.Inspector = mem
-		clamper = mem
+		lo.Inspector = opened.memory
 	}
 	a.limiter = limits.New(lo)
 	if lo.DenyCache != nil {
@@ -146,7 +146,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 
 	a.rules = policy.NewManager(policy.ManagerOptions{
-		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Clamper: clamper, Log: a.log,
+		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Log: a.log,
 		Adaptive: adaptiveOpts,
 	})
 	a.goBG(a.rules.Run)
@@ -182,13 +182,13 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 // wireRedis adds what a shared Redis store needs to the limiter's options:
 // the breaker, the local fallback, the deny cache (not on a cluster), and
 // the background tasks and metrics that go with them.
-func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Options) {
+func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Options) {
 	m := a.metrics
 	// A dead or frozen Redis must cost a request microseconds, not
 	// redis.timeout: after consecutive failures the breaker answers at
 	// once (failure_mode decides) and probes Redis in the background.
 	a.breaker = limits.NewBreaker(rs.Ping, rs.Name(), limits.BreakerOptions{
-		ProbeTimeout: cfg.Redis.Timeout, IsFailure: limits.IsStoreFailure, Logger: a.log,
+		ProbeTimeout: cfg.Redis.Timeout, IsFailure: redisstore.IsStoreFailure, Logger: a.log,
 	})
 	m.AddGaugeFunc("rategate_store_breaker_state",
 		"Circuit breaker in front of Redis: 0 closed (deciding), 1 open (failure_mode answers), 2 half-open (trying).",
@@ -197,23 +197,23 @@ func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Op
 	// The fallback decides a request the store could not: always when
 	// one decision fails while Redis is up, and while it is down when
 	// failure_mode is local.
-	a.local = limits.NewMemoryStore()
+	a.local = memstore.New()
 	lo.Fallback = a.local
 	lo.Inspector = rs
 
 	if _, on := rs.Coalescing(); on {
-		stat := func(f func(limits.CoalesceStats) uint64) func() float64 {
+		stat := func(f func(redisstore.CoalesceStats) uint64) func() float64 {
 			return func() float64 { st, _ := rs.Coalescing(); return float64(f(st)) }
 		}
 		m.AddCounterFunc("rategate_redis_pipelines_total",
 			"Pipelines sent to Redis; rategate_redis_pipelined_calls_total / this = decisions per round trip.",
-			stat(func(st limits.CoalesceStats) uint64 { return st.Pipelines }))
+			stat(func(st redisstore.CoalesceStats) uint64 { return st.Pipelines }))
 		m.AddCounterFunc("rategate_redis_pipelined_calls_total",
 			"Script runs (decisions, or a cluster decision's slots) sent in pipelines.",
-			stat(func(st limits.CoalesceStats) uint64 { return st.Calls }))
+			stat(func(st redisstore.CoalesceStats) uint64 { return st.Calls }))
 		m.AddCounterFunc("rategate_redis_pipeline_expired_total",
 			"Script runs not sent because their decision's deadline passed while queued.",
-			stat(func(st limits.CoalesceStats) uint64 { return st.Expired }))
+			stat(func(st redisstore.CoalesceStats) uint64 { return st.Expired }))
 	}
 
 	m.AddCounterFuncs("rategate_redis_refunds_total", "result", func() []metrics.LabeledValue {
@@ -232,21 +232,21 @@ func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Op
 	// denial another request saw, so that denial's retry can be too late.
 	switch {
 	case !cfg.DenyCache.Enabled:
-	case rs.Topology() == limits.Cluster:
+	case rs.Topology() == redisstore.Cluster:
 		a.log.Info().Msg("deny cache off on Redis Cluster: a cross-slot refund can make an earlier denial's retry time too late, so a cached denial would not be exact")
 	default:
 		dc := limits.NewDenyCache(cfg.DenyCache.MaxEntries)
 		lo.DenyCache = dc
 		// A key reset on any instance (DELETE /v1/keys/...) reaches every
 		// instance's cache through pub/sub.
-		a.resets = limits.NewRedisResets(rs.Client(), cfg.Redis.KeyPrefix, dc, a.log)
+		a.resets = redisstore.NewResets(rs.Client(), cfg.Redis.KeyPrefix, dc, a.log)
 		a.goBG(a.resets.Run)
 	}
 
-	a.top.SetShared(limits.NewRedisTop(rs.Client(), cfg.Redis.KeyPrefix))
+	a.top.SetShared(redisstore.NewTop(rs.Client(), cfg.Redis.KeyPrefix))
 	a.goBG(func(ctx context.Context) { a.top.RunPublisher(ctx, m.TopPublishFailed) })
 	a.goBG(func(ctx context.Context) {
-		rs.PollInfo(ctx, 5*time.Second, time.Second, func(info limits.RedisInfo, err error) {
+		rs.PollInfo(ctx, 5*time.Second, time.Second, func(info redisstore.Info, err error) {
 			if err != nil {
 				m.RedisDown()
 				return
@@ -259,8 +259,8 @@ func (a *App) wireRedis(cfg *config.Config, rs *limits.RedisStore, lo *limits.Op
 // watchEpoch notices Redis losing its data by itself (FLUSHALL, a restart
 // without persistence): cached denials derived from it are dropped, and
 // the loss is logged once with what went with it.
-func (a *App) watchEpoch(rs *limits.RedisStore, prefix string, dc *limits.DenyCache) {
-	epoch := limits.NewRedisEpoch(rs.Client(), prefix)
+func (a *App) watchEpoch(rs *redisstore.Store, prefix string, dc *limits.DenyCache) {
+	epoch := redisstore.NewEpoch(rs.Client(), prefix)
 	a.goBG(func(ctx context.Context) {
 		epoch.Run(ctx, epochEvery, func() {
 			cleared := 0

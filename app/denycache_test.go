@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -144,70 +146,6 @@ func TestDenyCacheResubscribeClears(t *testing.T) {
 	waitEmpty(t, in.cache, "after the subscription was killed")
 }
 
-// clampGate is a memory store that can cap gcra TATs, slowly: ClampGCRA
-// waits for release, and caps nothing (what matters is when it ends).
-type clampGate struct {
-	*limits.MemoryStore
-	entered, release chan struct{}
-}
-
-func (g *clampGate) ClampGCRA(ctx context.Context, prefix string, r *limits.Rule) (int, error) {
-	g.entered <- struct{}{}
-	<-g.release
-	return 0, nil
-}
-
-// TestDenyCacheClearedAfterClamp: a gcra tolerance that shrinks caps the
-// stored TATs after the rules swap; denials cached meanwhile are cleared
-// once the clamp is done.
-func TestDenyCacheClearedAfterClamp(t *testing.T) {
-	cfg, err := config.Parse("test.yaml", []byte(`rules:
-  - name: login
-    key: [ip]
-    algorithm: gcra
-    limit: 1
-    period: 1h
-    burst: 1
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := limits.NewMemoryStore()
-	defer mem.Close()
-	g := &clampGate{MemoryStore: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	c := limits.NewDenyCache(100)
-	l := limits.New(limits.Options{Store: g, Prefix: "rg", Rules: cfg.Rules, DenyCache: c})
-	mgr := policy.NewManager(policy.ManagerOptions{Config: cfg, Limiter: l, Clamper: g, Log: zerolog.Nop()})
-	ask := func() limits.Decision {
-		var d limits.Decision
-		if err := l.Decide(context.Background(), &limits.Request{IP: []byte("192.0.2.7")}, &d); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	ask()
-	ask()
-	if c.Len() != 1 {
-		t.Fatalf("Len %d, want 1", c.Len())
-	}
-	if _, err := mgr.SetOverride(context.Background(), "login", []byte(`{"period":"1m"}`)); err != nil {
-		t.Fatal(err)
-	}
-	<-g.entered
-	if c.Len() != 0 {
-		t.Fatalf("Len %d after the override, want 0", c.Len())
-	}
-	// Decided against the TAT the clamp has not capped yet: cached again.
-	if d := ask(); d.Admitted || d.Cached || c.Len() != 1 {
-		t.Fatalf("during the clamp: admitted=%v cached=%v Len %d, want a store denial, cached", d.Admitted, d.Cached, c.Len())
-	}
-	close(g.release)
-	mgr.WaitClamps()
-	if c.Len() != 0 {
-		t.Fatalf("Len %d after the clamp, want 0", c.Len())
-	}
-}
-
 // TestDenyCacheMetrics: denials answered from the cache are counted as
 // limited and as cached per rule, never reach the store, and the cache's
 // size is exported, all on the admin listener's /metrics.
@@ -219,7 +157,7 @@ func TestDenyCacheMetrics(t *testing.T) {
 	// The parts New wires for Redis, over a memory store: a limiter with a
 	// deny cache and the metrics as its store observer.
 	m := metrics.New()
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	defer mem.Close()
 	c := limits.NewDenyCache(1000)
 	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})
@@ -295,7 +233,7 @@ func TestDenyCacheObservedAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	defer mem.Close()
 	c := limits.NewDenyCache(100)
 	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules, DenyCache: c, Observer: m})

@@ -8,20 +8,29 @@ import (
 	"os"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+
 	"github.com/rs/zerolog"
 
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
 )
 
+// openedStore is the store rategate decides on, and the same store by its own
+// type for the features only it has: exactly one of redis and memory is set.
+type openedStore struct {
+	limits.Store
+	redis  *redisstore.Store
+	memory *memstore.Store
+}
+
 // openStore connects to Redis when a URL, cluster or sentinel is configured
 // (redisURL, from -redis or RATEGATE_REDIS_URL, wins over the file), else
-// returns the in-memory store and says so. The Redis store is returned
-// twice: as the store, and as itself for what only Redis has (nil on the
-// memory store).
-func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.Store, *limits.RedisStore, error) {
+// returns the in-memory store and says so.
+func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedStore, error) {
 	rc := cfg.Redis
-	o := limits.RedisOptions{Username: rc.Username, Password: rc.Password, Coalesce: limits.CoalesceOptions{
+	o := redisstore.Options{Username: rc.Username, Password: rc.Password, Coalesce: redisstore.CoalesceOptions{
 		Disabled:  !rc.Coalesce.Enabled,
 		Pipelines: rc.Coalesce.Pipelines,
 		MaxBatch:  rc.Coalesce.MaxBatch,
@@ -29,7 +38,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.
 	}}
 	tlsConf, err := redisTLS(rc.TLS)
 	if err != nil {
-		return nil, nil, err
+		return openedStore{}, err
 	}
 	o.TLS = tlsConf
 	switch {
@@ -44,11 +53,12 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.
 		o.SentinelUsername, o.SentinelPassword = rc.Sentinel.Username, rc.Sentinel.Password
 	default:
 		log.Info().Msg("no Redis configured: using the embedded in-memory store (limits are per process; set -redis redis://host:6379/0 to share them)")
-		return limits.NewMemoryStore(), nil, nil
+		m := memstore.New()
+		return openedStore{Store: m, memory: m}, nil
 	}
-	store, err := limits.OpenRedis(o)
+	store, err := redisstore.Open(o)
 	if err != nil {
-		return nil, nil, err
+		return openedStore{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -62,7 +72,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (limits.
 		}
 		log.Info().Str("store", store.Name()).Str("topology", string(store.Topology())).Msg("connected to Redis")
 	}
-	return store, store, nil
+	return openedStore{Store: store, redis: store}, nil
 }
 
 // redisTLS builds the TLS settings of redis.tls, or nil when it is off.

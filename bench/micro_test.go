@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -86,7 +89,7 @@ func BenchmarkLimiterMemory(b *testing.B) {
 				}
 				rules = append(rules, userRule("rule-"+strconv.Itoa(i), prefix, limits.FixedWindow))
 			}
-			store := limits.NewMemoryStore()
+			store := memstore.New()
 			defer store.Close()
 			l := limits.NewLimiter(store, "rg", rules)
 			req := &limits.Request{Method: []byte("GET"), Route: []byte("/api/items/42"), IP: []byte("127.0.0.1")}
@@ -131,13 +134,13 @@ func BenchmarkServe(b *testing.B) {
 		serveSerial(b, handler.New(d, nil, handler.Options{}).Serve, allowed)
 	})
 	b.Run("memory", func(b *testing.B) {
-		store := limits.NewMemoryStore()
+		store := memstore.New()
 		defer store.Close()
 		l := limits.NewLimiter(store, "rg", cfg.Rules)
 		serveSerial(b, handler.New(l, l, handler.Options{}).Serve, allowed)
 	})
 	b.Run("memory/denied", func(b *testing.B) {
-		store := limits.NewMemoryStore()
+		store := memstore.New()
 		defer store.Close()
 		l := limits.NewLimiter(store, "rg", cfg.Rules)
 		serveSerial(b, handler.New(l, l, handler.Options{}).Serve, attack)
@@ -241,11 +244,11 @@ func serveOne(h fasthttp.RequestHandler, ctx *fasthttp.RequestCtx, user []byte) 
 func BenchmarkRedisDecide(b *testing.B) {
 	srv := testredis.Start(b)
 	client := srv.Client(b)
-	coalesced, err := limits.NewRedisStore(client, "redis "+srv.Addr)
+	coalesced, err := redisstore.New(client, "redis "+srv.Addr)
 	if err != nil {
 		b.Fatal(err)
 	}
-	alone, err := limits.NewRedisStore(client, "redis "+srv.Addr, limits.CoalesceOptions{Disabled: true})
+	alone, err := redisstore.New(client, "redis "+srv.Addr, redisstore.CoalesceOptions{Disabled: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -258,7 +261,7 @@ func BenchmarkRedisDecide(b *testing.B) {
 	}
 	for _, n := range []int{1, 3} {
 		for _, parallel := range []bool{false, true} {
-			for _, rs := range []*limits.RedisStore{coalesced, alone} {
+			for _, rs := range []*redisstore.Store{coalesced, alone} {
 				name := fmt.Sprintf("rules=%d/serial", n)
 				if parallel {
 					name = fmt.Sprintf("rules=%d/parallel", n)
@@ -294,7 +297,7 @@ func BenchmarkRedisDecide(b *testing.B) {
 
 // decideLoop runs Decide for len(keys) fixed_window rules (keys[rule][user])
 // of rotating users.
-func decideLoop(b *testing.B, rs *limits.RedisStore, keys [][]string, loop func(func())) {
+func decideLoop(b *testing.B, rs *redisstore.Store, keys [][]string, loop func(func())) {
 	n := len(keys)
 	batch := &limits.Batch{Checks: make([]limits.Check, n)}
 	res := make([]limits.Result, n)
@@ -330,7 +333,7 @@ func BenchmarkRedisPipelined(b *testing.B) {
 	if err := script.Load(context.Background(), client).Err(); err != nil {
 		b.Fatal(err)
 	}
-	code := lua.Code(string(limits.FixedWindow))
+	code := limits.FixedWindow.Code()
 	keys := make([]string, len(users))
 	for u := range users {
 		keys[u] = fmt.Sprintf("rgbench:{pipe:%s}:fw", users[u])

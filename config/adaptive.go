@@ -256,8 +256,12 @@ func checkFactorBounds(ra *rawAdaptive, s *adaptive.Spec, r *limits.Rule, at fun
 		}
 		return ra.Line
 	}
-	if hi := math.Floor(float64(r.Limit) * s.MaxFactor); hi > maxLimit {
-		at(lineOf(&ra.MaxFactor), "adaptive: max_factor %s makes the limit %.0f, more than %d", formatFloat(s.MaxFactor), hi, maxLimit)
+	bound := int64(maxLimit)
+	if info, ok := r.Algorithm.Info(); ok && info.MaxLimit > 0 {
+		bound = min(bound, info.MaxLimit) // sliding_log's own bound
+	}
+	if hi := math.Floor(float64(r.Limit) * s.MaxFactor); hi > float64(bound) {
+		at(lineOf(&ra.MaxFactor), "adaptive: max_factor %s makes the limit %.0f, more than %d (the bound for %s)", formatFloat(s.MaxFactor), hi, bound, r.Algorithm)
 	} else if r.Algorithm.UsesBurst() && math.Floor(float64(r.Burst)*s.MaxFactor) > maxLimit {
 		at(lineOf(&ra.MaxFactor), "adaptive: max_factor %s makes the burst more than %d", formatFloat(s.MaxFactor), maxLimit)
 	}

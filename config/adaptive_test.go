@@ -182,7 +182,7 @@ func TestAdaptiveInvalid(t *testing.T) {
 			if c.name == "max_factor over the limit bound" {
 				doc = strings.Replace(head, "limit: 10", "limit: 900000000", 1) + src +
 					"      steps: [{below: 1, factor: 2}, {factor: 0.5}]\n"
-				want = []string{`rules[0] "r": adaptive: max_factor 2 makes the limit 1800000000, more than 1000000000`}
+				want = []string{`rules[0] "r": adaptive: max_factor 2 makes the limit 1800000000, more than 1000000000 (the bound for gcra)`}
 			}
 			_, err := Parse("t.yaml", []byte(doc))
 			if err == nil {
@@ -198,6 +198,24 @@ func TestAdaptiveInvalid(t *testing.T) {
 				t.Error("an error repeats the URL's password")
 			}
 		})
+	}
+}
+
+// TestAdaptiveSlidingLogBound: max_factor respects the algorithm's own
+// bound on the limit.
+func TestAdaptiveSlidingLogBound(t *testing.T) {
+	_, err := Parse("t.yaml", []byte(`rules:
+  - name: r
+    algorithm: sliding_log
+    limit: 8000
+    period: 1m
+    adaptive:
+      http: {url: "http://127.0.0.1:1/x"}
+      steps: [{below: 1, factor: 1.5}, {factor: 1}]
+`))
+	want := `t.yaml: rules[0] "r": adaptive: max_factor 1.5 makes the limit 12000, more than 10000 (the bound for sliding_log)`
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v\nwant %s", err, want)
 	}
 }
 

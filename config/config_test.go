@@ -68,6 +68,9 @@ var invalidCases = map[string][]string{
 	"bucket_too_slow.yaml": {
 		`rules[0] "archive": burst 1000 at 1 per 1d takes 1000.0 days to refill; burst*period/limit must be <= 400d to keep the Redis scripts' double arithmetic exact`,
 	},
+	"sliding_log_over_cap.yaml": {
+		`rules[0] "search": limit must be <= 10000 for sliding_log, got 20000: the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits`,
+	},
 	"cost_over_burst.yaml": {
 		`rules[0] "export": cost 6 is more than the burst (5): such a request could never be allowed`,
 	},
@@ -743,6 +746,10 @@ func TestCheckRule(t *testing.T) {
 			`algorithm "leaky" is unknown; use one of fixed_window, sliding_log, sliding_window, gcra, token_bucket`},
 		{"window burst differs", func(r *limits.Rule) { r.Algorithm = limits.FixedWindow; r.Burst = 5 },
 			"burst must equal limit (10) for fixed_window, got 5"},
+		{"sliding_log at its cap", func(r *limits.Rule) { r.Algorithm, r.Limit, r.Burst = limits.SlidingLog, 10_000, 10_000 }, ""},
+		{"sliding_log over its cap", func(r *limits.Rule) { r.Algorithm, r.Limit, r.Burst = limits.SlidingLog, 10_001, 10_001 },
+			"limit must be <= 10000 for sliding_log, got 10001: the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits"},
+		{"sliding_window over the sliding_log cap", func(r *limits.Rule) { r.Algorithm, r.Limit, r.Burst = limits.SlidingWindow, 20_000, 20_000 }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

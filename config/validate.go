@@ -28,8 +28,7 @@ const (
 	maxSpan = 400 * 24 * time.Hour
 	// maxCostLimit bounds identity.max_cost.
 	maxCostLimit = 1_000_000
-
-	maxTimeout = 10 * time.Second
+	maxTimeout   = 10 * time.Second
 
 	// Bounds of redis.coalesce.
 	maxPipelines = 256
@@ -508,6 +507,11 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 			}
 		}
 	}
+	if algOK && limitOK {
+		if msg := checkAlgorithmLimit(r.Algorithm, r.Limit); msg != "" {
+			at(rr.Limit.Line, "%s", msg)
+		}
+	}
 	if algOK && r.Algorithm.UsesBurst() && limitOK && periodOK && burstOK {
 		line := rr.Period.Line
 		if rr.Burst.Set {
@@ -642,6 +646,20 @@ func checkLimit(v int64) string {
 	return ""
 }
 
+// checkAlgorithmLimit applies the algorithm table's own bound on a limit
+// (sliding_log: limits.MaxSlidingLogLimit).
+func checkAlgorithmLimit(alg limits.Algorithm, limit int64) string {
+	info, ok := alg.Info()
+	if !ok || info.MaxLimit == 0 || limit <= info.MaxLimit {
+		return ""
+	}
+	why := ""
+	if alg == limits.SlidingLog {
+		why = ": the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits"
+	}
+	return fmt.Sprintf("limit must be <= %d for %s, got %d%s", info.MaxLimit, alg, limit, why)
+}
+
 func checkBurst(v int64) string {
 	if msg := between(v, 1, maxLimit); msg != "" {
 		return "burst " + msg
@@ -710,6 +728,9 @@ func CheckRule(r *limits.Rule) error {
 	limitMsg, periodMsg := checkLimit(r.Limit), checkPeriod(r.Period)
 	add(limitMsg)
 	add(periodMsg)
+	if limitMsg == "" {
+		add(checkAlgorithmLimit(r.Algorithm, r.Limit))
+	}
 	capOK := algOK && limitMsg == ""
 	if r.Algorithm.UsesBurst() {
 		burstMsg := checkBurst(r.Burst)

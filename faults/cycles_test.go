@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/redisstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/internal/testredis"
@@ -27,13 +29,13 @@ func TestOutageCyclesLeakNothing(t *testing.T) {
 	rs := testredis.StartControlled(t)
 	// The client as main.go builds it: go-redis defaults, context deadlines.
 	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-	store, err := limits.NewRedisStore(client, "redis "+rs.Addr)
+	store, err := redisstore.New(client, "redis "+rs.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var transitions sync.Map // "from>to" → *int (counted under the breaker's lock)
 	b := limits.NewBreaker(store.Ping, store.Name(), limits.BreakerOptions{
-		IsFailure:     limits.IsStoreFailure,
+		IsFailure:     redisstore.IsStoreFailure,
 		ProbeInterval: 10 * time.Millisecond, ProbeTimeout: budget,
 		OnStateChange: func(from, to limits.BreakerState) {
 			n, _ := transitions.LoadOrStore(from.String()+">"+to.String(), new(int))

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/redisstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/handler"
@@ -254,11 +256,11 @@ func TestGarbageTraffic(t *testing.T) {
 func TestGarbageLeavesNoLiveHeap(t *testing.T) {
 	rs := testredis.StartControlled(t)
 	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-	store, err := limits.NewRedisStore(client, "redis "+rs.Addr)
+	store, err := redisstore.New(client, "redis "+rs.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := limits.NewBreaker(store.Ping, store.Name(), limits.BreakerOptions{ProbeTimeout: budget, IsFailure: limits.IsStoreFailure})
+	b := limits.NewBreaker(store.Ping, store.Name(), limits.BreakerOptions{ProbeTimeout: budget, IsFailure: redisstore.IsStoreFailure})
 	defer b.Close()
 	load := &limits.Rule{Name: "load", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow,
 		Limit: 1e9, Period: time.Hour, Burst: 1e9, Cost: 1}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+
 	"github.com/rategate/rategate/limits"
 	"github.com/valyala/fasthttp"
 )
@@ -25,7 +27,7 @@ func TestAuthAllowedAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items on purpose; run without -race")
 	}
-	store := limits.NewMemoryStore()
+	store := memstore.New()
 	defer store.Close()
 	l := limits.NewLimiter(store, "rg", []*limits.Rule{rule("per-ip", 1<<40, time.Minute, limits.KeyIP)})
 	h := New(l, l, Options{})

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+
 	"github.com/rategate/rategate/limits"
 	"github.com/valyala/fasthttp"
 )
@@ -37,7 +39,7 @@ type identityRig struct {
 func newIdentityRig(t testing.TB) *identityRig {
 	plan := rule("p", 1<<40, time.Second, limits.KeyHeader)
 	plan.Key[0].Header = "X-Plan"
-	store := limits.NewMemoryStore()
+	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
 	l := limits.NewLimiter(store, "rg", []*limits.Rule{
 		rule("u", 1<<40, time.Second, limits.KeyUser),

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits/memstore"
+
 	"github.com/rategate/rategate/limits"
 	"github.com/valyala/fasthttp"
 )
@@ -146,9 +148,9 @@ func pinnedNow() int64 {
 
 // newLimiter returns a limiter on a fresh memory store, closed at the end of
 // the test.
-func newLimiter(t *testing.T, rules ...*limits.Rule) (*limits.Limiter, *limits.MemoryStore) {
+func newLimiter(t *testing.T, rules ...*limits.Rule) (*limits.Limiter, *memstore.Store) {
 	t.Helper()
-	store := limits.NewMemoryStore()
+	store := memstore.New()
 	t.Cleanup(func() { noErr(t, store.Close()) })
 	return limits.NewLimiter(store, "rg", rules), store
 }

@@ -1,4 +1,4 @@
-package limits
+package limits_test
 
 import (
 	"bytes"
@@ -17,6 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+
+	"github.com/rategate/rategate/internal/race"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 )
@@ -39,7 +44,7 @@ func (f *fakeStore) set(decideErr, pingErr error) {
 	f.mu.Unlock()
 }
 
-func (f *fakeStore) Decide(ctx context.Context, b *Batch, results []Result) (bool, error) {
+func (f *fakeStore) Decide(ctx context.Context, b *limits.Batch, results []limits.Result) (bool, error) {
 	f.decides.Add(1)
 	f.mu.Lock()
 	err, hold := f.decideErr, f.hold
@@ -55,18 +60,18 @@ func (f *fakeStore) Decide(ctx context.Context, b *Batch, results []Result) (boo
 		return false, err
 	}
 	for i := range results {
-		results[i] = Result{Allowed: true, Remaining: 1}
+		results[i] = limits.Result{Allowed: true, Remaining: 1}
 	}
 	return true, nil
 }
 
-func (f *fakeStore) Peek(ctx context.Context, c Check) (Result, error) {
-	var r [1]Result
-	_, err := f.Decide(ctx, &Batch{Checks: []Check{c}}, r[:])
+func (f *fakeStore) Peek(ctx context.Context, c limits.Check) (limits.Result, error) {
+	var r [1]limits.Result
+	_, err := f.Decide(ctx, &limits.Batch{Checks: []limits.Check{c}}, r[:])
 	return r[0], err
 }
 
-func (f *fakeStore) Reset(ctx context.Context, c Check) error {
+func (f *fakeStore) Reset(ctx context.Context, c limits.Check) error {
 	_, err := f.Peek(ctx, c)
 	return err
 }
@@ -98,7 +103,7 @@ type transitions struct {
 	got []string
 }
 
-func (tr *transitions) hook(from, to BreakerState) {
+func (tr *transitions) hook(from, to limits.BreakerState) {
 	tr.mu.Lock()
 	tr.got = append(tr.got, from.String()+">"+to.String())
 	tr.mu.Unlock()
@@ -112,11 +117,11 @@ func (tr *transitions) list() []string {
 
 // gate runs a fake store's calls through a breaker, as the limiter does.
 type gate struct {
-	*Breaker
+	*limits.Breaker
 	f *fakeStore
 }
 
-func (g *gate) Decide(ctx context.Context, b *Batch, results []Result) (bool, error) {
+func (g *gate) Decide(ctx context.Context, b *limits.Batch, results []limits.Result) (bool, error) {
 	t, err := g.Allow()
 	if err != nil {
 		return false, err
@@ -126,13 +131,13 @@ func (g *gate) Decide(ctx context.Context, b *Batch, results []Result) (bool, er
 	return ok, err
 }
 
-func (g *gate) Peek(ctx context.Context, c Check) (Result, error) {
-	var r [1]Result
-	_, err := g.Decide(ctx, &Batch{Checks: []Check{c}}, r[:])
+func (g *gate) Peek(ctx context.Context, c limits.Check) (limits.Result, error) {
+	var r [1]limits.Result
+	_, err := g.Decide(ctx, &limits.Batch{Checks: []limits.Check{c}}, r[:])
 	return r[0], err
 }
 
-func (g *gate) Reset(ctx context.Context, c Check) error {
+func (g *gate) Reset(ctx context.Context, c limits.Check) error {
 	_, err := g.Peek(ctx, c)
 	return err
 }
@@ -146,7 +151,7 @@ func (g *gate) Ping(ctx context.Context) error {
 
 // newTestBreaker returns a breaker over f that probes every 5ms, closed at
 // the end of the test.
-func newTestBreaker(t *testing.T, f *fakeStore, opts BreakerOptions) (*gate, *transitions) {
+func newTestBreaker(t *testing.T, f *fakeStore, opts limits.BreakerOptions) (*gate, *transitions) {
 	t.Helper()
 	tr := &transitions{}
 	if opts.ProbeInterval == 0 {
@@ -156,19 +161,19 @@ func newTestBreaker(t *testing.T, f *fakeStore, opts BreakerOptions) (*gate, *tr
 		opts.OpenAfter = -1 // the count alone decides, unless the test says
 	}
 	opts.OnStateChange = tr.hook
-	b := &gate{Breaker: NewBreaker(f.Ping, "fake", opts), f: f}
+	b := &gate{Breaker: limits.NewBreaker(f.Ping, "fake", opts), f: f}
 	t.Cleanup(func() { b.Close() })
 	return b, tr
 }
 
 func decideErr(b *gate) error {
-	var r [1]Result
-	_, err := b.Decide(context.Background(), &Batch{Checks: []Check{{Key: "k"}}}, r[:])
+	var r [1]limits.Result
+	_, err := b.Decide(context.Background(), &limits.Batch{Checks: []limits.Check{{Key: "k"}}}, r[:])
 	return err
 }
 
 // waitState polls until b is in state want, failing after a second.
-func waitState(t *testing.T, b *gate, want BreakerState) {
+func waitState(t *testing.T, b *gate, want limits.BreakerState) {
 	t.Helper()
 	deadline := time.Now().Add(time.Second)
 	for b.State() != want {
@@ -182,7 +187,7 @@ func waitState(t *testing.T, b *gate, want BreakerState) {
 func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 	f := &fakeStore{}
 	f.set(errRefused, errRefused)
-	b, tr := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 3, ProbeInterval: time.Hour})
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 3, ProbeInterval: time.Hour})
 
 	// Two failures, a success, two failures: never three in a row.
 	for i, fail := range []bool{true, true, false, true, true} {
@@ -195,14 +200,14 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 			t.Fatalf("call %d: err = %v, want failure %v", i, err, fail)
 		}
 	}
-	if s := b.State(); s != BreakerClosed {
+	if s := b.State(); s != limits.BreakerClosed {
 		t.Fatalf("state %s after at most 2 consecutive failures, want closed", s)
 	}
 	f.set(errRefused, errRefused)
-	if err := decideErr(b); !errors.Is(err, errRefused.Err) || errors.Is(err, ErrBreakerOpen) {
+	if err := decideErr(b); !errors.Is(err, errRefused.Err) || errors.Is(err, limits.ErrBreakerOpen) {
 		t.Fatalf("third consecutive failure returned %v, want the store's own error", err)
 	}
-	if s := b.State(); s != BreakerOpen {
+	if s := b.State(); s != limits.BreakerOpen {
 		t.Fatalf("state %s after 3 consecutive failures, want open", s)
 	}
 
@@ -210,7 +215,7 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 	before := f.decides.Load()
 	for range 100 {
 		err := decideErr(b)
-		if !errors.Is(err, ErrBreakerOpen) {
+		if !errors.Is(err, limits.ErrBreakerOpen) {
 			t.Fatalf("open breaker returned %v, want ErrBreakerOpen", err)
 		}
 		if !strings.Contains(err.Error(), "connection refused") {
@@ -220,13 +225,13 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 	if n := f.decides.Load() - before; n != 0 {
 		t.Fatalf("%d calls reached the store while the breaker was open", n)
 	}
-	if _, err := b.Peek(context.Background(), Check{Key: "k"}); !errors.Is(err, ErrBreakerOpen) {
+	if _, err := b.Peek(context.Background(), limits.Check{Key: "k"}); !errors.Is(err, limits.ErrBreakerOpen) {
 		t.Fatalf("Peek while open: %v", err)
 	}
-	if err := b.Reset(context.Background(), Check{Key: "k"}); !errors.Is(err, ErrBreakerOpen) {
+	if err := b.Reset(context.Background(), limits.Check{Key: "k"}); !errors.Is(err, limits.ErrBreakerOpen) {
 		t.Fatalf("Reset while open: %v", err)
 	}
-	if err := b.Ping(context.Background()); !errors.Is(err, ErrBreakerOpen) {
+	if err := b.Ping(context.Background()); !errors.Is(err, limits.ErrBreakerOpen) {
 		t.Fatalf("Ping while open: %v (readiness must say the breaker is open)", err)
 	}
 	if got, want := tr.list(), []string{"closed>open"}; !slices.Equal(got, want) {
@@ -239,12 +244,12 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 // store that keeps failing past OpenAfter opens it.
 func TestBreakerRidesOutAShortStall(t *testing.T) {
 	f := &fakeStore{}
-	b, tr := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 5, OpenAfter: 50 * time.Millisecond, ProbeInterval: time.Hour})
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 5, OpenAfter: 50 * time.Millisecond, ProbeInterval: time.Hour})
 	f.set(errTimeout, nil)
 	for range 100 { // a wave of timeouts, all at once
 		_ = decideErr(b)
 	}
-	if s := b.State(); s != BreakerClosed {
+	if s := b.State(); s != limits.BreakerClosed {
 		t.Fatalf("100 failures within a moment opened the breaker (%s)", s)
 	}
 	f.set(nil, nil)
@@ -254,7 +259,7 @@ func TestBreakerRidesOutAShortStall(t *testing.T) {
 	// The stall is over; a new streak starts from zero.
 	f.set(errTimeout, nil)
 	start := time.Now()
-	for b.State() == BreakerClosed {
+	for b.State() == limits.BreakerClosed {
 		if time.Since(start) > time.Second {
 			t.Fatal("failures lasting a second did not open the breaker")
 		}
@@ -297,7 +302,7 @@ func TestIsStoreFailure(t *testing.T) {
 		{replyError("CLUSTERDOWN The cluster is down"), true},
 		{replyError("ERR max number of clients reached"), true},
 	} {
-		if got := IsStoreFailure(tt.err); got != tt.want {
+		if got := redisstore.IsStoreFailure(tt.err); got != tt.want {
 			t.Errorf("IsStoreFailure(%v) = %v, want %v", tt.err, got, tt.want)
 		}
 	}
@@ -306,13 +311,13 @@ func TestIsStoreFailure(t *testing.T) {
 func TestBreakerAnsweredErrorsDoNotOpen(t *testing.T) {
 	f := &fakeStore{}
 	f.set(replyError("ERR script error"), nil)
-	b, _ := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 2, IsFailure: IsStoreFailure})
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 2, IsFailure: redisstore.IsStoreFailure})
 	for range 10 {
-		if err := decideErr(b); err == nil || errors.Is(err, ErrBreakerOpen) {
+		if err := decideErr(b); err == nil || errors.Is(err, limits.ErrBreakerOpen) {
 			t.Fatalf("got %v, want the script error passed through", err)
 		}
 	}
-	if s := b.State(); s != BreakerClosed {
+	if s := b.State(); s != limits.BreakerClosed {
 		t.Fatalf("a store that answers with script errors opened the breaker (%s)", s)
 	}
 }
@@ -320,9 +325,9 @@ func TestBreakerAnsweredErrorsDoNotOpen(t *testing.T) {
 func TestBreakerProbesThenCloses(t *testing.T) {
 	f := &fakeStore{}
 	f.set(errRefused, errRefused)
-	b, tr := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 1})
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 1})
 	_ = decideErr(b)
-	waitState(t, b, BreakerOpen)
+	waitState(t, b, limits.BreakerOpen)
 
 	// The probe keeps pinging while the store is down, and stays open.
 	deadline := time.Now().Add(time.Second)
@@ -332,18 +337,18 @@ func TestBreakerProbesThenCloses(t *testing.T) {
 	if n := f.pings.Load(); n < 3 {
 		t.Fatalf("%d probes in 1s at a 5ms interval", n)
 	}
-	if s := b.State(); s != BreakerOpen {
+	if s := b.State(); s != limits.BreakerOpen {
 		t.Fatalf("state %s while probes fail, want open", s)
 	}
 
 	// The store answers: the probe half-opens, one real call closes it.
 	f.set(nil, nil)
-	waitState(t, b, BreakerHalfOpen)
+	waitState(t, b, limits.BreakerHalfOpen)
 	pings := f.pings.Load()
 	if err := decideErr(b); err != nil {
 		t.Fatalf("trial call: %v", err)
 	}
-	if s := b.State(); s != BreakerClosed {
+	if s := b.State(); s != limits.BreakerClosed {
 		t.Fatalf("state %s after a successful trial, want closed", s)
 	}
 	time.Sleep(20 * time.Millisecond)
@@ -358,16 +363,16 @@ func TestBreakerProbesThenCloses(t *testing.T) {
 func TestBreakerFailedTrialReopens(t *testing.T) {
 	f := &fakeStore{}
 	f.set(errRefused, nil) // PING answers but decisions fail (e.g. a script problem that is an outage)
-	b, tr := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 1})
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 1})
 	_ = decideErr(b)
-	waitState(t, b, BreakerHalfOpen)
-	if err := decideErr(b); errors.Is(err, ErrBreakerOpen) || err == nil {
+	waitState(t, b, limits.BreakerHalfOpen)
+	if err := decideErr(b); errors.Is(err, limits.ErrBreakerOpen) || err == nil {
 		t.Fatalf("trial returned %v, want the store's error", err)
 	}
-	if s := b.State(); s != BreakerOpen {
+	if s := b.State(); s != limits.BreakerOpen {
 		t.Fatalf("state %s after a failed trial, want open", s)
 	}
-	waitState(t, b, BreakerHalfOpen) // probing resumed
+	waitState(t, b, limits.BreakerHalfOpen) // probing resumed
 	f.set(nil, nil)
 	if err := decideErr(b); err != nil {
 		t.Fatal(err)
@@ -381,9 +386,9 @@ func TestBreakerFailedTrialReopens(t *testing.T) {
 func TestBreakerHalfOpenAdmitsOnlyTrials(t *testing.T) {
 	f := &fakeStore{}
 	f.set(errRefused, nil)
-	b, _ := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 1, HalfOpenTrials: 2})
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 1, HalfOpenTrials: 2})
 	_ = decideErr(b)
-	waitState(t, b, BreakerHalfOpen)
+	waitState(t, b, limits.BreakerHalfOpen)
 
 	// Two trials hang in the store; a third call is refused at once.
 	hold := make(chan struct{})
@@ -399,7 +404,7 @@ func TestBreakerHalfOpenAdmitsOnlyTrials(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	start := time.Now()
-	if err := decideErr(b); !errors.Is(err, ErrBreakerOpen) {
+	if err := decideErr(b); !errors.Is(err, limits.ErrBreakerOpen) {
 		t.Fatalf("third call while two trials run: %v, want ErrBreakerOpen", err)
 	}
 	if d := time.Since(start); d > 10*time.Millisecond {
@@ -412,14 +417,14 @@ func TestBreakerHalfOpenAdmitsOnlyTrials(t *testing.T) {
 			t.Fatalf("trial %d: %v", i, err)
 		}
 	}
-	if s := b.State(); s != BreakerClosed {
+	if s := b.State(); s != limits.BreakerClosed {
 		t.Fatalf("state %s after 2 successful trials, want closed", s)
 	}
 }
 
 func TestBreakerLateResultsChangeNothing(t *testing.T) {
 	f := &fakeStore{}
-	b, tr := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 1, ProbeInterval: time.Hour})
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 1, ProbeInterval: time.Hour})
 
 	// A slow call starts while closed...
 	hold := make(chan struct{})
@@ -436,7 +441,7 @@ func TestBreakerLateResultsChangeNothing(t *testing.T) {
 	f.hold, f.decideErr = nil, errRefused
 	f.mu.Unlock()
 	_ = decideErr(b)
-	if s := b.State(); s != BreakerOpen {
+	if s := b.State(); s != limits.BreakerOpen {
 		t.Fatalf("state %s, want open", s)
 	}
 	// ...and the slow call then succeeds: it belongs to the closed period
@@ -446,7 +451,7 @@ func TestBreakerLateResultsChangeNothing(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if s := b.State(); s != BreakerOpen {
+	if s := b.State(); s != limits.BreakerOpen {
 		t.Fatalf("a late success from before the opening moved the breaker to %s", s)
 	}
 	if got := tr.list(); !slices.Equal(got, []string{"closed>open"}) {
@@ -455,13 +460,13 @@ func TestBreakerLateResultsChangeNothing(t *testing.T) {
 }
 
 func TestBreakerCostsNothing(t *testing.T) {
-	if raceOn {
+	if race.Enabled {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
 	f := &fakeStore{}
-	b, _ := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 1, ProbeInterval: time.Hour})
-	batch := &Batch{Checks: []Check{{Key: "k"}}}
-	res := make([]Result, 1)
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 1, ProbeInterval: time.Hour})
+	batch := &limits.Batch{Checks: []limits.Check{{Key: "k"}}}
+	res := make([]limits.Result, 1)
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(1000, func() { _, _ = b.Decide(ctx, batch, res) }); n != 0 {
 		t.Errorf("closed breaker allocates %v per call", n)
@@ -476,13 +481,13 @@ func TestBreakerCostsNothing(t *testing.T) {
 func TestBreakerOpenAnswersInMicroseconds(t *testing.T) {
 	// A store that takes the whole 50ms budget to fail, like a frozen Redis.
 	f := &fakeStore{hold: make(chan struct{})}
-	b, _ := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 5, ProbeInterval: time.Hour})
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 5, ProbeInterval: time.Hour})
 	call := func() (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		var r [1]Result
-		_, err := b.Decide(ctx, &Batch{Checks: []Check{{Key: "k"}}}, r[:])
+		var r [1]limits.Result
+		_, err := b.Decide(ctx, &limits.Batch{Checks: []limits.Check{{Key: "k"}}}, r[:])
 		return time.Since(start), err
 	}
 	for i := range 5 {
@@ -494,7 +499,7 @@ func TestBreakerOpenAnswersInMicroseconds(t *testing.T) {
 	durs := make([]time.Duration, 10000)
 	for i := range durs {
 		d, err := call()
-		if !errors.Is(err, ErrBreakerOpen) {
+		if !errors.Is(err, limits.ErrBreakerOpen) {
 			t.Fatalf("call %d: %v", i, err)
 		}
 		durs[i] = d
@@ -518,17 +523,17 @@ func TestBreakerLogsOncePerOutage(t *testing.T) {
 	}))
 	f := &fakeStore{}
 	f.set(errRefused, nil)
-	b, _ := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 2, Logger: zerolog.New(w).Level(zerolog.InfoLevel)})
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 2, Logger: zerolog.New(w).Level(zerolog.InfoLevel)})
 	// An outage with several failed trials (PING answers, decisions fail).
 	for range 200 {
 		_ = decideErr(b)
 	}
 	for i := 0; i < 5; i++ {
-		waitState(t, b, BreakerHalfOpen)
+		waitState(t, b, limits.BreakerHalfOpen)
 		_ = decideErr(b)
 	}
 	f.set(nil, nil)
-	waitState(t, b, BreakerHalfOpen)
+	waitState(t, b, limits.BreakerHalfOpen)
 	if err := decideErr(b); err != nil {
 		t.Fatal(err)
 	}
@@ -550,9 +555,9 @@ func TestBreakerCloseStopsTheProbe(t *testing.T) {
 	base := runtime.NumGoroutine()
 	f := &fakeStore{}
 	f.set(errRefused, errRefused)
-	b := &gate{Breaker: NewBreaker(f.Ping, "fake", BreakerOptions{FailureThreshold: 1, OpenAfter: -1, ProbeInterval: time.Millisecond}), f: f}
+	b := &gate{Breaker: limits.NewBreaker(f.Ping, "fake", limits.BreakerOptions{FailureThreshold: 1, OpenAfter: -1, ProbeInterval: time.Millisecond}), f: f}
 	_ = decideErr(b)
-	if b.State() != BreakerOpen {
+	if b.State() != limits.BreakerOpen {
 		t.Fatal("not open")
 	}
 	b.Close()
@@ -571,7 +576,7 @@ func TestBreakerCloseStopsTheProbe(t *testing.T) {
 // one the state machine allows and that the breaker ends closed.
 func TestBreakerUnderFlappingStore(t *testing.T) {
 	f := &fakeStore{}
-	b, tr := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 3, ProbeInterval: time.Millisecond, HalfOpenTrials: 2})
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 3, ProbeInterval: time.Millisecond, HalfOpenTrials: 2})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 8 {
@@ -596,7 +601,7 @@ func TestBreakerUnderFlappingStore(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	f.set(nil, nil)
-	waitState(t, b, BreakerClosed)
+	waitState(t, b, limits.BreakerClosed)
 	close(stop)
 	wg.Wait()
 
@@ -619,16 +624,16 @@ func TestBreakerUnderFlappingStore(t *testing.T) {
 func TestBreakerFeedsTheLocalFallback(t *testing.T) {
 	f := &fakeStore{}
 	f.set(errRefused, errRefused)
-	b, _ := newTestBreaker(t, f, BreakerOptions{FailureThreshold: 2, ProbeInterval: time.Hour})
-	rule := &Rule{Name: "r", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: GCRA, Limit: 10, Period: time.Hour, Burst: 10, Cost: 1}
-	local := NewMemoryStore()
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 2, ProbeInterval: time.Hour})
+	rule := &limits.Rule{Name: "r", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.GCRA, Limit: 10, Period: time.Hour, Burst: 10, Cost: 1}
+	local := memstore.New()
 	defer local.Close()
-	l := New(Options{Store: f, Breaker: b.Breaker, Fallback: local, LocalShare: 2, FailureMode: FailLocal,
-		Prefix: "rg", Rules: []*Rule{rule}})
-	var d Decision
+	l := limits.New(limits.Options{Store: f, Breaker: b.Breaker, Fallback: local, LocalShare: 2, FailureMode: limits.FailLocal,
+		Prefix: "rg", Rules: []*limits.Rule{rule}})
+	var d limits.Decision
 	admitted := 0
 	for range 20 {
-		_ = l.Decide(context.Background(), &Request{IP: []byte("192.0.2.1")}, &d)
+		_ = l.Decide(context.Background(), &limits.Request{IP: []byte("192.0.2.1")}, &d)
 		if !d.Local {
 			t.Fatal("decision not local while the store is down")
 		}

@@ -61,13 +61,12 @@ import (
 //     decide reads the generation before the rules, Clear bumps it before
 //     emptying the shards, and put rejects a stale generation under the
 //     shard lock.
-//   - gcra tolerance shrinking: the admin Manager caps stored TATs after the
-//     swap (ClampGCRA), which makes the state looser; it clears the cache
-//     again once the clamp is done.
+//   - gcra tolerance shrinking: the store caps a TAT at the first decision
+//     under the new numbers, after the clear SetRules made.
 //   - A key reset through the admin API: Forget(key) after the store's DEL
 //     (also bumping the generation, so a decision the store evaluated before
 //     the DEL cannot insert afterwards), and the reset is announced to the
-//     other instances (ResetAnnouncer; admin.RedisResets over pub/sub), which
+//     other instances (ResetAnnouncer; redisstore.Resets over pub/sub), which
 //     forget it too. An instance whose subscription was interrupted clears
 //     its whole cache when it is back, since it may have missed a reset.
 //   - Redis Cluster refunds (cluster.go): a request denied in one slot is
@@ -160,7 +159,7 @@ type seen struct {
 }
 
 // ResetAnnouncer tells the other rategate instances that a key was reset, so
-// that they forget their cached denial of it. admin.RedisResets is one.
+// that they forget their cached denial of it. redisstore.Resets is one.
 type ResetAnnouncer interface {
 	AnnounceReset(ctx context.Context, key string) error
 }

@@ -1,9 +1,8 @@
-package limits
+package limits_test
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"math/rand"
@@ -13,17 +12,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+	"github.com/rategate/rategate/limits/storetest"
+
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rategate/rategate/internal/race"
 	"github.com/rategate/rategate/internal/testredis"
 )
-
-var dcSeedFlag = flag.Int64("denycache.seed", 0, "seed for the deny cache property test (0 = time-based)")
 
 // dcStore is one store under the deny cache property test.
 type dcStore struct {
 	name  string
-	store Store
+	store limits.Store
 	// settle runs after every step that may have written to keys. It
 	// reports whether the store lost state the timeline still counts on.
 	settle func(t *testing.T, keys map[string]bool) (lost bool)
@@ -38,7 +41,7 @@ type dcStore struct {
 func redisDCStore(t *testing.T) dcStore {
 	srv := testredis.Start(t)
 	client := srv.Client(t)
-	rs, err := NewRedisStore(client, "redis "+srv.Addr)
+	rs, err := redisstore.New(client, "redis "+srv.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +107,7 @@ func (s *dcStats) add(o dcStats) {
 var dcPeriods = []int64{1_000, 7_919, 100_000, 1_000_000, 60_000_000}
 
 // dcRule returns a random rule for the property test.
-func dcRule(rng *rand.Rand, name string, algo Algorithm, key []KeyPart, shadow bool) *Rule {
+func dcRule(rng *rand.Rand, name string, algo limits.Algorithm, key []limits.KeyPart, shadow bool) *limits.Rule {
 	p := dcPeriods[rng.Intn(len(dcPeriods))]
 	if rng.Intn(3) == 0 {
 		p = 500 + rng.Int63n(5_000_000)
@@ -114,14 +117,14 @@ func dcRule(rng *rand.Rand, name string, algo Algorithm, key []KeyPart, shadow b
 	if algo.UsesBurst() {
 		burst = 1 + rng.Int63n(10)
 	}
-	return &Rule{Name: name, Key: key, Algorithm: algo, Limit: limit, Period: time.Duration(p) * time.Microsecond,
+	return &limits.Rule{Name: name, Key: key, Algorithm: algo, Limit: limit, Period: time.Duration(p) * time.Microsecond,
 		Burst: burst, Cost: 1, Shadow: shadow}
 }
 
-func dcDescribe(rules []*Rule) string {
+func dcDescribe(rules []*limits.Rule) string {
 	var b strings.Builder
 	for _, r := range rules {
-		fmt.Fprintf(&b, "[%s %s L=%d P=%dµs B=%d shadow=%v] ", r.Name, r.Algorithm, r.Limit, PeriodUS(r.Period), r.Burst, r.Shadow)
+		fmt.Fprintf(&b, "[%s %s L=%d P=%dµs B=%d shadow=%v] ", r.Name, r.Algorithm, r.Limit, limits.PeriodUS(r.Period), r.Burst, r.Shadow)
 	}
 	return b.String()
 }
@@ -131,12 +134,12 @@ func dcDescribe(rules []*Rule) string {
 // request is put to the store through a limiter without one, which must deny
 // it under the same rule and no sooner than the cache said. Some requests
 // come from "another instance" (no cache) and consume behind the cache's back.
-func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []*Rule, steps int) dcStats {
+func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []*limits.Rule, steps int) dcStats {
 	t.Helper()
 	ctx := context.Background()
-	cache := NewDenyCache(1024)
-	cached := New(Options{Store: s.store, Prefix: prefix, Rules: rules, DenyCache: cache})
-	truth := NewLimiter(s.store, prefix, rules)
+	cache := limits.NewDenyCache(1024)
+	cached := limits.New(limits.Options{Store: s.store, Prefix: prefix, Rules: rules, DenyCache: cache})
+	truth := limits.NewLimiter(s.store, prefix, rules)
 	users := []string{"u0", "u1", "u2"}
 	maxCost := int64(1)
 	for _, r := range rules {
@@ -147,7 +150,7 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 	var points []dcPoint
 	var last *dcPoint // the last request the store denied
 	var st dcStats
-	var d, dt Decision
+	var d, dt limits.Decision
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Fatalf("%s: rules %s\nstep %d at %d: %s", s.name, dcDescribe(rules), st.steps, now, fmt.Sprintf(format, args...))
@@ -178,18 +181,18 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 			}
 		case x < 45:
 			// On, just before or just after a window boundary.
-			p := PeriodUS(rules[rng.Intn(len(rules))].Period)
+			p := limits.PeriodUS(rules[rng.Intn(len(rules))].Period)
 			b := (now/p+1)*p + int64(rng.Intn(3)) - 1
 			now = max(now, b)
 		case x < 55:
 		case x < 90:
-			p := PeriodUS(rules[rng.Intn(len(rules))].Period)
+			p := limits.PeriodUS(rules[rng.Intn(len(rules))].Period)
 			now += rng.Int63n(p/4 + 1)
 		default:
-			p := PeriodUS(rules[rng.Intn(len(rules))].Period)
+			p := limits.PeriodUS(rules[rng.Intn(len(rules))].Period)
 			now += p/2 + rng.Int63n(2*p)
 		}
-		req := Request{User: []byte(users[user]), Cost: cost}
+		req := limits.Request{User: []byte(users[user]), Cost: cost}
 
 		if rng.Intn(8) == 0 {
 			st.others++
@@ -234,9 +237,9 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 				switch {
 				case tv.Result.Allowed:
 					fail("the cache denied under %q, the store's rule allows: %+v", cv.Rule.Name, dt.Verdicts)
-				case cr == NeverFits && tr != NeverFits:
+				case cr == limits.NeverFits && tr != limits.NeverFits:
 					fail("the cache says cost %d never fits %q, the store says retry in %dµs", cost, cv.Rule.Name, tr)
-				case tr != NeverFits && cr > tr:
+				case tr != limits.NeverFits && cr > tr:
 					fail("the cache says retry in %dµs under %q, the store %dµs", cr, cv.Rule.Name, tr)
 				}
 			}
@@ -273,26 +276,22 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 // a real Redis, with other instances consuming and clocks landing on window
 // boundaries and on the last microsecond and the end of cached denials.
 func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
-	seed := *dcSeedFlag
-	if seed == 0 {
-		seed = time.Now().UnixNano()
-	}
-	t.Logf("seed %d (replay with -denycache.seed=%d)", seed, seed)
-	user := []KeyPart{{Kind: KeyUser}}
+	seed := storetest.Seed(t)
+	user := []limits.KeyPart{{Kind: limits.KeyUser}}
 
 	type config struct {
 		name  string
-		rules func(rng *rand.Rand) []*Rule
+		rules func(rng *rand.Rand) []*limits.Rule
 	}
 	var configs []config
-	for _, a := range Algorithms {
-		configs = append(configs, config{string(a), func(rng *rand.Rand) []*Rule {
-			return []*Rule{dcRule(rng, "per-user", a, user, false)}
+	for _, a := range limits.Algorithms {
+		configs = append(configs, config{string(a), func(rng *rand.Rand) []*limits.Rule {
+			return []*limits.Rule{dcRule(rng, "per-user", a, user, false)}
 		}})
 	}
-	configs = append(configs, config{"mixed", func(rng *rand.Rand) []*Rule {
-		pick := func() Algorithm { return Algorithms[rng.Intn(len(Algorithms))] }
-		rules := []*Rule{
+	configs = append(configs, config{"mixed", func(rng *rand.Rand) []*limits.Rule {
+		pick := func() limits.Algorithm { return limits.Algorithms[rng.Intn(len(limits.Algorithms))] }
+		rules := []*limits.Rule{
 			dcRule(rng, "per-user", pick(), user, false),
 			dcRule(rng, "global", pick(), nil, false),
 			dcRule(rng, "shadow", pick(), user, true),
@@ -306,7 +305,7 @@ func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
 	}})
 
 	memory := func(t *testing.T) dcStore {
-		m := newMemoryStore(time.Hour)
+		m := memstore.NewSweeping(time.Hour)
 		t.Cleanup(func() { m.Close() })
 		return dcStore{name: "memory", store: m}
 	}
@@ -350,30 +349,30 @@ func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
 }
 
 // dcLimiter is a limiter over a fresh memory store with a deny cache.
-func dcLimiter(t *testing.T, maxEntries int, rules ...*Rule) (*Limiter, *DenyCache) {
+func dcLimiter(t *testing.T, maxEntries int, rules ...*limits.Rule) (*limits.Limiter, *limits.DenyCache) {
 	t.Helper()
-	m := newMemoryStore(time.Hour)
+	m := memstore.NewSweeping(time.Hour)
 	t.Cleanup(func() { m.Close() })
-	c := NewDenyCache(maxEntries)
-	return New(Options{Store: m, Prefix: "rg", Rules: rules, DenyCache: c}), c
+	c := limits.NewDenyCache(maxEntries)
+	return limits.New(limits.Options{Store: m, Prefix: "rg", Rules: rules, DenyCache: c}), c
 }
 
-func dcFixed(limit int64, period time.Duration) *Rule {
-	return &Rule{Name: "per-user", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: FixedWindow,
+func dcFixed(limit int64, period time.Duration) *limits.Rule {
+	return &limits.Rule{Name: "per-user", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.FixedWindow,
 		Limit: limit, Period: period, Burst: limit, Cost: 1}
 }
 
 // dcAsk decides one request of user with cost at now.
-func dcAsk(t *testing.T, l *Limiter, user string, cost, now int64) Decision {
+func dcAsk(t *testing.T, l *limits.Limiter, user string, cost, now int64) limits.Decision {
 	t.Helper()
-	var d Decision
-	if err := l.DecideAt(context.Background(), &Request{User: []byte(user), Cost: cost}, &d, now); err != nil {
+	var d limits.Decision
+	if err := l.DecideAt(context.Background(), &limits.Request{User: []byte(user), Cost: cost}, &d, now); err != nil {
 		t.Fatal(err)
 	}
 	return d
 }
 
-func dcWant(t *testing.T, what string, d Decision, admitted, cached bool) {
+func dcWant(t *testing.T, what string, d limits.Decision, admitted, cached bool) {
 	t.Helper()
 	if d.Admitted != admitted || d.Cached != cached {
 		t.Fatalf("%s: admitted=%v cached=%v, want admitted=%v cached=%v (%+v)", what, d.Admitted, d.Cached, admitted, cached, d.Verdicts)
@@ -384,12 +383,12 @@ func dcWant(t *testing.T, what string, d Decision, admitted, cached bool) {
 // locally; cost 1 may fit earlier, so it still asks the store.
 func TestDenyCacheCost(t *testing.T) {
 	l, c := dcLimiter(t, 100, dcFixed(5, time.Hour))
-	start := windowStart(time.Hour)
+	start := storetest.WindowStart(time.Hour)
 	now := start + 1000
 	dcWant(t, "cost 3", dcAsk(t, l, "u", 3, now), true, false)
 	d := dcAsk(t, l, "u", 5, now)
 	dcWant(t, "cost 5 (store)", d, false, false)
-	end := start + PeriodUS(time.Hour)
+	end := start + limits.PeriodUS(time.Hour)
 	if d.Verdicts[0].Result.RetryUS != end-now {
 		t.Fatalf("store retry %d, want %d", d.Verdicts[0].Result.RetryUS, end-now)
 	}
@@ -407,7 +406,7 @@ func TestDenyCacheCost(t *testing.T) {
 	// Cost 7 exceeds the limit: denied from the cache, reported as never fitting.
 	d = dcAsk(t, l, "u", 7, now)
 	dcWant(t, "cost 7", d, false, true)
-	if d.Verdicts[0].Result.RetryUS != NeverFits {
+	if d.Verdicts[0].Result.RetryUS != limits.NeverFits {
 		t.Fatalf("cost 7 > limit 5: retry %d, want NeverFits", d.Verdicts[0].Result.RetryUS)
 	}
 	dcWant(t, "cost 1", dcAsk(t, l, "u", 1, now), true, false)
@@ -426,7 +425,7 @@ func TestDenyCacheShadow(t *testing.T) {
 	sh := dcFixed(1, time.Hour)
 	sh.Name, sh.Shadow = "shadow", true
 	l, c := dcLimiter(t, 100, sh)
-	now := windowStart(time.Hour) + 1
+	now := storetest.WindowStart(time.Hour) + 1
 	dcWant(t, "first", dcAsk(t, l, "u", 1, now), true, false)
 	dcWant(t, "second (shadow would deny)", dcAsk(t, l, "u", 1, now), true, false)
 	if c.Len() != 0 {
@@ -439,13 +438,13 @@ func TestDenyCacheShadow(t *testing.T) {
 func TestDenyCacheClearedBySetRules(t *testing.T) {
 	r := dcFixed(1, time.Hour)
 	l, c := dcLimiter(t, 100, r)
-	now := windowStart(time.Hour) + 1
+	now := storetest.WindowStart(time.Hour) + 1
 	dcAsk(t, l, "u", 1, now)
 	dcWant(t, "denied", dcAsk(t, l, "u", 1, now), false, false)
 	dcWant(t, "cached", dcAsk(t, l, "u", 1, now), false, true)
 	bigger := *r
 	bigger.Limit, bigger.Burst = 2, 2
-	l.SetRules([]*Rule{&bigger})
+	l.SetRules([]*limits.Rule{&bigger})
 	if c.Len() != 0 {
 		t.Fatalf("Len %d after SetRules, want 0", c.Len())
 	}
@@ -455,22 +454,22 @@ func TestDenyCacheClearedBySetRules(t *testing.T) {
 // TestDenyCacheNeverFits: a cost above the burst is denied until the rules
 // change, whatever the time.
 func TestDenyCacheNeverFits(t *testing.T) {
-	tb := &Rule{Name: "tb", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: TokenBucket, Limit: 10, Period: time.Second, Burst: 3, Cost: 1}
+	tb := &limits.Rule{Name: "tb", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.TokenBucket, Limit: 10, Period: time.Second, Burst: 3, Cost: 1}
 	l, c := dcLimiter(t, 100, tb)
 	now := time.Now().UnixMicro()
 	d := dcAsk(t, l, "u", 4, now)
 	dcWant(t, "cost 4 > burst 3", d, false, false)
-	if d.Verdicts[0].Result.RetryUS != NeverFits {
+	if d.Verdicts[0].Result.RetryUS != limits.NeverFits {
 		t.Fatalf("retry %d, want NeverFits", d.Verdicts[0].Result.RetryUS)
 	}
-	later := now + PeriodUS(24*365*time.Hour)
+	later := now + limits.PeriodUS(24*365*time.Hour)
 	d = dcAsk(t, l, "u", 4, later)
 	dcWant(t, "a year later", d, false, true)
-	if d.Verdicts[0].Result.RetryUS != NeverFits {
+	if d.Verdicts[0].Result.RetryUS != limits.NeverFits {
 		t.Fatalf("cached retry %d, want NeverFits", d.Verdicts[0].Result.RetryUS)
 	}
 	dcWant(t, "cost 3", dcAsk(t, l, "u", 3, later), true, false)
-	l.SetRules([]*Rule{tb})
+	l.SetRules([]*limits.Rule{tb})
 	dcWant(t, "after SetRules", dcAsk(t, l, "u", 4, later), false, false)
 	if c.Len() != 1 {
 		t.Fatalf("Len %d, want 1", c.Len())
@@ -481,7 +480,7 @@ func TestDenyCacheNeverFits(t *testing.T) {
 // announcer.
 func TestDenyCacheForget(t *testing.T) {
 	l, c := dcLimiter(t, 100, dcFixed(1, time.Hour))
-	now := windowStart(time.Hour) + 1
+	now := storetest.WindowStart(time.Hour) + 1
 	dcAsk(t, l, "u", 1, now)
 	dcAsk(t, l, "u", 1, now)
 	dcAsk(t, l, "v", 1, now)
@@ -516,13 +515,13 @@ func (f announcerFunc) AnnounceReset(ctx context.Context, key string) error { re
 // gateStore holds one Decide, after the inner store has decided, until
 // released: a store reply still on its way back.
 type gateStore struct {
-	Store
+	limits.Store
 	armed   atomic.Bool
 	entered chan struct{}
 	release chan struct{}
 }
 
-func (g *gateStore) Decide(ctx context.Context, b *Batch, res []Result) (bool, error) {
+func (g *gateStore) Decide(ctx context.Context, b *limits.Batch, res []limits.Result) (bool, error) {
 	ok, err := g.Store.Decide(ctx, b, res)
 	if g.armed.CompareAndSwap(true, false) {
 		g.entered <- struct{}{}
@@ -537,27 +536,27 @@ func TestDenyCacheGenerationRace(t *testing.T) {
 	r := dcFixed(1, time.Hour)
 	for _, tc := range []struct {
 		name    string
-		between func(l *Limiter, c *DenyCache)
+		between func(l *limits.Limiter, c *limits.DenyCache)
 		cached  bool
 	}{
-		{"nothing in between", func(*Limiter, *DenyCache) {}, true},
-		{"SetRules", func(l *Limiter, _ *DenyCache) { l.SetRules([]*Rule{r}) }, false},
-		{"Clear", func(_ *Limiter, c *DenyCache) { c.Clear() }, false},
-		{"Forget", func(_ *Limiter, c *DenyCache) { c.Forget("rg:{per-user:u}:fw") }, false},
+		{"nothing in between", func(*limits.Limiter, *limits.DenyCache) {}, true},
+		{"SetRules", func(l *limits.Limiter, _ *limits.DenyCache) { l.SetRules([]*limits.Rule{r}) }, false},
+		{"Clear", func(_ *limits.Limiter, c *limits.DenyCache) { c.Clear() }, false},
+		{"Forget", func(_ *limits.Limiter, c *limits.DenyCache) { c.Forget("rg:{per-user:u}:fw") }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMemoryStore(time.Hour)
+			m := memstore.NewSweeping(time.Hour)
 			defer m.Close()
 			g := &gateStore{Store: m, entered: make(chan struct{}), release: make(chan struct{})}
-			c := NewDenyCache(100)
-			l := New(Options{Store: g, Prefix: "rg", Rules: []*Rule{r}, DenyCache: c})
-			now := windowStart(time.Hour) + 1
+			c := limits.NewDenyCache(100)
+			l := limits.New(limits.Options{Store: g, Prefix: "rg", Rules: []*limits.Rule{r}, DenyCache: c})
+			now := storetest.WindowStart(time.Hour) + 1
 			dcWant(t, "first", dcAsk(t, l, "u", 1, now), true, false)
 			g.armed.Store(true)
-			done := make(chan Decision)
+			done := make(chan limits.Decision)
 			go func() {
-				var d Decision
-				if err := l.DecideAt(context.Background(), &Request{User: []byte("u"), Cost: 1}, &d, now); err != nil {
+				var d limits.Decision
+				if err := l.DecideAt(context.Background(), &limits.Request{User: []byte("u"), Cost: 1}, &d, now); err != nil {
 					t.Error(err)
 				}
 				done <- d
@@ -578,7 +577,7 @@ func TestDenyCacheGenerationRace(t *testing.T) {
 // entries make room before live ones are evicted.
 func TestDenyCacheBound(t *testing.T) {
 	l, c := dcLimiter(t, 256, dcFixed(1, time.Minute))
-	now := windowStart(time.Minute) + 1
+	now := storetest.WindowStart(time.Minute) + 1
 	for i := 0; i < 2000; i++ {
 		u := "u" + strconv.Itoa(i)
 		dcAsk(t, l, u, 1, now)
@@ -602,7 +601,7 @@ func TestDenyCacheBound(t *testing.T) {
 		t.Fatalf("Len %d evictions %d, want 1 and 1", c.Len(), c.Evictions())
 	}
 	dcWant(t, "b cached", dcAsk(t, l, "b", 1, now), false, true)
-	next := now + PeriodUS(time.Minute)
+	next := now + limits.PeriodUS(time.Minute)
 	dcAsk(t, l, "c", 1, next)
 	dcAsk(t, l, "c", 1, next)
 	if c.Len() != 1 || c.Evictions() != 1 {
@@ -617,10 +616,10 @@ func TestDenyCacheBound(t *testing.T) {
 // time (Retry-After is not shortened).
 func TestDenyCacheRealClock(t *testing.T) {
 	l, c := dcLimiter(t, 100, dcFixed(1, time.Hour))
-	var d Decision
+	var d limits.Decision
 	ask := func() {
 		t.Helper()
-		if err := l.Decide(context.Background(), &Request{User: []byte("u")}, &d); err != nil {
+		if err := l.Decide(context.Background(), &limits.Request{User: []byte("u")}, &d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -638,14 +637,8 @@ func TestDenyCacheRealClock(t *testing.T) {
 	if got > storeRetry || got < storeRetry-int64(time.Minute/time.Microsecond) {
 		t.Fatalf("cached retry %dµs, want the store's %dµs less the time since", got, storeRetry)
 	}
-	key := d.Verdicts[0].Key
-	var e denyEntry
-	for i := range c.shards {
-		if x, ok := c.shards[i].m[key]; ok {
-			e = x
-		}
-	}
-	if span, want := e.retryAtUS-e.untilUS, storeRetry>>driftShift; span != want || want <= 0 {
+	span, ok := c.EntrySpan(d.Verdicts[0].Key)
+	if want := storeRetry >> limits.DriftShift; !ok || span != want || want <= 0 {
 		t.Fatalf("entry holds until %dµs before the store's retry time, want %d (1/1024 of %d)", span, want, storeRetry)
 	}
 }
@@ -654,30 +647,30 @@ func TestDenyCacheRealClock(t *testing.T) {
 // answer allocates no more than without it, and one it answers allocates
 // nothing.
 func TestDenyCacheAllocs(t *testing.T) {
-	if raceOn {
+	if race.Enabled {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
-	now := windowStart(time.Hour) + 1
-	measure := func(l *Limiter, user string) float64 {
-		req := &Request{User: []byte(user)}
-		var d Decision
+	now := storetest.WindowStart(time.Hour) + 1
+	measure := func(l *limits.Limiter, user string) float64 {
+		req := &limits.Request{User: []byte(user)}
+		var d limits.Decision
 		ctx := context.Background()
 		_ = l.DecideAt(ctx, req, &d, now)
 		return testing.AllocsPerRun(500, func() { _ = l.DecideAt(ctx, req, &d, now) })
 	}
-	m := newMemoryStore(time.Hour)
+	m := memstore.NewSweeping(time.Hour)
 	defer m.Close()
 	big := dcFixed(math.MaxInt32, time.Hour)
 	big.Name = "big"
 	small := dcFixed(1, time.Hour)
 	small.Name = "small"
-	plain := measure(NewLimiter(m, "rg", []*Rule{big}), "a")
+	plain := measure(limits.NewLimiter(m, "rg", []*limits.Rule{big}), "a")
 
 	// Two limiters share one cache: the small rule's denial fills it, so
 	// the big rule's requests really look it up, and miss.
-	c := NewDenyCache(100)
-	ls := New(Options{Store: m, Prefix: "rg", Rules: []*Rule{small}, DenyCache: c})
-	lb := New(Options{Store: m, Prefix: "rg", Rules: []*Rule{big}, DenyCache: c})
+	c := limits.NewDenyCache(100)
+	ls := limits.New(limits.Options{Store: m, Prefix: "rg", Rules: []*limits.Rule{small}, DenyCache: c})
+	lb := limits.New(limits.Options{Store: m, Prefix: "rg", Rules: []*limits.Rule{big}, DenyCache: c})
 	dcAsk(t, ls, "denied", 1, now)
 	dcAsk(t, ls, "denied", 1, now)
 	if c.Len() != 1 {

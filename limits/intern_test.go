@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rategate/rategate/internal/race"
 )
 
 // TestKeyIntern: equal bytes give equal strings, later changes to the
@@ -21,7 +23,7 @@ func TestKeyIntern(t *testing.T) {
 	if b := k.get([]byte("rg:{u:alice}:fw")); b != a {
 		t.Fatalf("%q != %q", b, a)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = k.get([]byte("rg:{u:alice}:fw")) }); n != 0 && !raceOn {
+	if n := testing.AllocsPerRun(100, func() { _ = k.get([]byte("rg:{u:alice}:fw")) }); n != 0 && !race.Enabled {
 		t.Fatalf("a known key allocates %v times", n)
 	}
 	for i := range keyInternShards * keyInternShardMax * 2 {
@@ -53,7 +55,7 @@ func (nopStore) Close() error                                { return nil }
 // TestLimiterAllocs: matching three rules and building their keys (an
 // escaped identity among them) allocates nothing once the keys are known.
 func TestLimiterAllocs(t *testing.T) {
-	if raceOn {
+	if race.Enabled {
 		t.Skip("allocation counts are only meaningful without -race")
 	}
 	rules := []*Rule{

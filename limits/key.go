@@ -53,25 +53,6 @@ func appendEscaped(dst, v []byte) []byte {
 	return dst
 }
 
-// Suffix returns the short key suffix of an algorithm. The algorithm is part
-// of the key so that switching a rule's algorithm never reads the other
-// algorithm's state.
-func (a Algorithm) Suffix() string {
-	switch a {
-	case FixedWindow:
-		return "fw"
-	case SlidingLog:
-		return "sl"
-	case SlidingWindow:
-		return "sw"
-	case GCRA:
-		return "gc"
-	case TokenBucket:
-		return "tb"
-	}
-	return "xx"
-}
-
 // AppendIdentity appends the escaped identity of req for rule r. ok is false
 // when the rule does not apply (a `user` key with anonymous: skip and no user).
 func AppendIdentity(dst []byte, r *Rule, req *Request) (out []byte, ok bool) {

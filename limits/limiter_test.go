@@ -1,36 +1,42 @@
-package limits
+package limits_test
 
 import (
 	"context"
-	"github.com/rategate/rategate/internal/testredis"
-	"github.com/redis/go-redis/v9"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
+	"github.com/rategate/rategate/limits/storetest"
+
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestRuleMatches(t *testing.T) {
-	base := Request{Method: []byte("POST"), Route: []byte("/login"), Host: []byte("API.example.com"), Headers: hdrs{"X-Plan": "free"}}
+	base := limits.Request{Method: []byte("POST"), Route: []byte("/login"), Host: []byte("API.example.com"), Headers: limits.Hdrs{"X-Plan": "free"}}
 	tests := []struct {
 		name  string
-		match Match
-		req   func(r *Request)
+		match limits.Match
+		req   func(r *limits.Request)
 		want  bool
 	}{
-		{"empty matches all", Match{}, nil, true},
-		{"prefix", Match{PathPrefix: "/log"}, nil, true},
-		{"prefix miss", Match{PathPrefix: "/api"}, nil, false},
-		{"regex", Match{PathRegex: regexp.MustCompile(`^/users/[0-9]+$`)}, func(r *Request) { r.Route = []byte("/users/42") }, true},
-		{"regex miss", Match{PathRegex: regexp.MustCompile(`^/users/[0-9]+$`)}, func(r *Request) { r.Route = []byte("/users/x") }, false},
-		{"method", Match{Methods: []string{"GET", "POST"}}, nil, true},
-		{"method miss", Match{Methods: []string{"GET"}}, nil, false},
-		{"host case-insensitive", Match{Host: "api.example.com"}, nil, true},
-		{"host miss", Match{Host: "www.example.com"}, nil, false},
-		{"header", Match{Headers: []HeaderMatch{{"X-Plan", []byte("free")}}}, nil, true},
-		{"header miss", Match{Headers: []HeaderMatch{{"X-Plan", []byte("pro")}}}, nil, false},
-		{"header absent", Match{Headers: []HeaderMatch{{"X-Other", []byte("")}}}, func(r *Request) { r.Headers = nil }, false},
-		{"all conditions", Match{PathPrefix: "/login", Methods: []string{"POST"}, Host: "api.example.com"}, nil, true},
+		{"empty matches all", limits.Match{}, nil, true},
+		{"prefix", limits.Match{PathPrefix: "/log"}, nil, true},
+		{"prefix miss", limits.Match{PathPrefix: "/api"}, nil, false},
+		{"regex", limits.Match{PathRegex: regexp.MustCompile(`^/users/[0-9]+$`)}, func(r *limits.Request) { r.Route = []byte("/users/42") }, true},
+		{"regex miss", limits.Match{PathRegex: regexp.MustCompile(`^/users/[0-9]+$`)}, func(r *limits.Request) { r.Route = []byte("/users/x") }, false},
+		{"method", limits.Match{Methods: []string{"GET", "POST"}}, nil, true},
+		{"method miss", limits.Match{Methods: []string{"GET"}}, nil, false},
+		{"host case-insensitive", limits.Match{Host: "api.example.com"}, nil, true},
+		{"host miss", limits.Match{Host: "www.example.com"}, nil, false},
+		{"header", limits.Match{Headers: []limits.HeaderMatch{{"X-Plan", []byte("free")}}}, nil, true},
+		{"header miss", limits.Match{Headers: []limits.HeaderMatch{{"X-Plan", []byte("pro")}}}, nil, false},
+		{"header absent", limits.Match{Headers: []limits.HeaderMatch{{"X-Other", []byte("")}}}, func(r *limits.Request) { r.Headers = nil }, false},
+		{"all conditions", limits.Match{PathPrefix: "/login", Methods: []string{"POST"}, Host: "api.example.com"}, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,7 +44,7 @@ func TestRuleMatches(t *testing.T) {
 			if tt.req != nil {
 				tt.req(&req)
 			}
-			r := &Rule{Match: tt.match}
+			r := &limits.Rule{Match: tt.match}
 			if got := r.Matches(&req); got != tt.want {
 				t.Fatalf("Matches = %v, want %v", got, tt.want)
 			}
@@ -47,26 +53,26 @@ func TestRuleMatches(t *testing.T) {
 }
 
 func TestLimiterDecide(t *testing.T) {
-	store := NewMemoryStore()
+	store := memstore.New()
 	defer store.Close()
-	login := &Rule{Name: "login", Match: Match{PathPrefix: "/login"}, Key: []KeyPart{{Kind: KeyIP}},
-		Algorithm: FixedWindow, Limit: 2, Period: time.Hour, Burst: 2, Cost: 1}
-	user := &Rule{Name: "user", Key: []KeyPart{{Kind: KeyUser}}, Anonymous: AnonymousSkip,
-		Algorithm: FixedWindow, Limit: 5, Period: time.Hour, Burst: 5, Cost: 1}
-	l := NewLimiter(store, "rg", []*Rule{login, user})
+	login := &limits.Rule{Name: "login", Match: limits.Match{PathPrefix: "/login"}, Key: []limits.KeyPart{{Kind: limits.KeyIP}},
+		Algorithm: limits.FixedWindow, Limit: 2, Period: time.Hour, Burst: 2, Cost: 1}
+	user := &limits.Rule{Name: "user", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Anonymous: limits.AnonymousSkip,
+		Algorithm: limits.FixedWindow, Limit: 5, Period: time.Hour, Burst: 5, Cost: 1}
+	l := limits.NewLimiter(store, "rg", []*limits.Rule{login, user})
 	ctx := context.Background()
-	now := windowStart(time.Hour) + 1
-	var d Decision
+	now := storetest.WindowStart(time.Hour) + 1
+	var d limits.Decision
 
 	// No rule matches an anonymous request outside /login.
-	if err := l.DecideAt(ctx, &Request{Route: []byte("/"), IP: []byte("1.1.1.1")}, &d, now); err != nil {
+	if err := l.DecideAt(ctx, &limits.Request{Route: []byte("/"), IP: []byte("1.1.1.1")}, &d, now); err != nil {
 		t.Fatal(err)
 	}
 	if !d.Admitted || len(d.Verdicts) != 0 {
 		t.Fatalf("unmatched request: %+v", d)
 	}
 	// /login with a user: both rules.
-	req := &Request{Route: []byte("/login"), IP: []byte("1.1.1.1"), User: []byte("bob")}
+	req := &limits.Request{Route: []byte("/login"), IP: []byte("1.1.1.1"), User: []byte("bob")}
 	for i := 0; i < 2; i++ {
 		if err := l.DecideAt(ctx, req, &d, now); err != nil {
 			t.Fatal(err)
@@ -85,7 +91,7 @@ func TestLimiterDecide(t *testing.T) {
 		t.Fatalf("user verdict on denial %+v, want allowed with 3 left (nothing consumed)", v.Result)
 	}
 	// Request cost overrides the rule's default.
-	if err := l.DecideAt(ctx, &Request{Route: []byte("/x"), User: []byte("bob"), Cost: 3}, &d, now); err != nil {
+	if err := l.DecideAt(ctx, &limits.Request{Route: []byte("/x"), User: []byte("bob"), Cost: 3}, &d, now); err != nil {
 		t.Fatal(err)
 	}
 	if !d.Admitted || d.Verdicts[0].Cost != 3 || d.Verdicts[0].Result.Remaining != 0 {
@@ -102,15 +108,15 @@ func TestLimiterDecide(t *testing.T) {
 }
 
 func TestDenierIsTheLatestRetry(t *testing.T) {
-	store := NewMemoryStore()
+	store := memstore.New()
 	defer store.Close()
-	short := &Rule{Name: "short", Algorithm: FixedWindow, Limit: 1, Period: time.Minute, Burst: 1, Cost: 1}
-	long := &Rule{Name: "long", Algorithm: FixedWindow, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
-	l := NewLimiter(store, "rg", []*Rule{short, long})
-	now := windowStart(time.Hour) + 1
-	var d Decision
+	short := &limits.Rule{Name: "short", Algorithm: limits.FixedWindow, Limit: 1, Period: time.Minute, Burst: 1, Cost: 1}
+	long := &limits.Rule{Name: "long", Algorithm: limits.FixedWindow, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
+	l := limits.NewLimiter(store, "rg", []*limits.Rule{short, long})
+	now := storetest.WindowStart(time.Hour) + 1
+	var d limits.Decision
 	for i := 0; i < 2; i++ {
-		if err := l.DecideAt(context.Background(), &Request{}, &d, now); err != nil {
+		if err := l.DecideAt(context.Background(), &limits.Request{}, &d, now); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -119,43 +125,19 @@ func TestDenierIsTheLatestRetry(t *testing.T) {
 	}
 }
 
-func TestMemoryStoreEvictsIdleKeys(t *testing.T) {
-	s := newMemoryStore(20 * time.Millisecond)
-	defer s.Close()
-	ctx := context.Background()
-	var r [1]Result
-	for i := 0; i < 10000; i++ {
-		c := Check{Key: "rg:{e:" + strconv.Itoa(i) + "}:fw", Algorithm: FixedWindow, Limit: 5,
-			PeriodUS: PeriodUS(100 * time.Millisecond), Burst: 5, Cost: 1}
-		if _, err := s.Decide(ctx, &Batch{Checks: []Check{c}}, r[:]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := s.Len(); n == 0 {
-		t.Fatal("no keys stored")
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	for s.Len() > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := s.Len(); n != 0 {
-		t.Fatalf("%d idle keys still stored after their windows ended", n)
-	}
-}
-
 func TestLocalFallbackWhenRedisIsDown(t *testing.T) {
 	// A real client aimed at a port where nothing listens: every call fails.
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t)),
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
-	rs, err := NewRedisStore(dead, "dead")
+	rs, err := redisstore.New(dead, "dead")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rs.Close()
-	rule := &Rule{Name: "r", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: FixedWindow, Limit: 10, Period: time.Hour, Burst: 10, Cost: 1}
-	l := NewLimiter(rs, "rg", []*Rule{rule})
-	var d Decision
-	req := &Request{IP: []byte("192.0.2.9")}
+	rule := &limits.Rule{Name: "r", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow, Limit: 10, Period: time.Hour, Burst: 10, Cost: 1}
+	l := limits.NewLimiter(rs, "rg", []*limits.Rule{rule})
+	var d limits.Decision
+	req := &limits.Request{IP: []byte("192.0.2.9")}
 	if err := l.Decide(context.Background(), req, &d); err == nil {
 		t.Fatal("no error from a store that cannot connect")
 	}
@@ -164,10 +146,10 @@ func TestLocalFallbackWhenRedisIsDown(t *testing.T) {
 		t.Fatalf("without a fallback the failure mode (allow) answers: %+v", d)
 	}
 
-	local := NewMemoryStore()
+	local := memstore.New()
 	defer local.Close()
-	l = New(Options{Store: rs, Prefix: "rg", Rules: []*Rule{rule}, Fallback: local, LocalShare: 2, FailureMode: FailLocal})
-	now := windowStart(time.Hour) + 1
+	l = limits.New(limits.Options{Store: rs, Prefix: "rg", Rules: []*limits.Rule{rule}, Fallback: local, LocalShare: 2, FailureMode: limits.FailLocal})
+	now := storetest.WindowStart(time.Hour) + 1
 	admitted := 0
 	for i := 0; i < 10; i++ {
 		if err := l.DecideAt(context.Background(), req, &d, now); err == nil || d.Undecided {

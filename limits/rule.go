@@ -1,6 +1,9 @@
-// Package limits holds rategate's rules, their matching, key building, the
-// rate-limit algorithms and the stores (Redis and in-memory) that run them.
-// It knows nothing about HTTP.
+// Package limits is rategate's domain: rules, their matching, the
+// algorithm table, key building, route normalization and the IP identity,
+// and the Limiter that decides a request against a Store (with the breaker,
+// the local fallback and the deny cache as its options). It knows neither
+// HTTP nor Redis: the stores are limits/memstore and limits/redisstore, and
+// limits/storetest is the conformance suite both pass.
 package limits
 
 import (
@@ -12,34 +15,6 @@ import (
 
 	"github.com/rategate/rategate/adaptive"
 )
-
-// Algorithm names a rate-limit algorithm as written in the config file.
-type Algorithm string
-
-// The algorithms rategate implements. Their semantics are in docs/algorithms.md.
-const (
-	FixedWindow   Algorithm = "fixed_window"
-	SlidingLog    Algorithm = "sliding_log"
-	SlidingWindow Algorithm = "sliding_window"
-	GCRA          Algorithm = "gcra"
-	TokenBucket   Algorithm = "token_bucket"
-)
-
-// Algorithms lists every algorithm in the order the docs present them.
-var Algorithms = []Algorithm{FixedWindow, SlidingLog, SlidingWindow, GCRA, TokenBucket}
-
-// Valid reports whether a is an algorithm rategate implements.
-func (a Algorithm) Valid() bool {
-	for _, k := range Algorithms {
-		if a == k {
-			return true
-		}
-	}
-	return false
-}
-
-// UsesBurst reports whether the algorithm has a burst separate from its limit.
-func (a Algorithm) UsesBurst() bool { return a == GCRA || a == TokenBucket }
 
 // KeyKind is one dimension of a rule's identity.
 type KeyKind uint8

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -68,3 +69,7 @@ type Store interface {
 
 // PeriodUS converts a period to microseconds.
 func PeriodUS(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// ErrShortResults is returned by a store's Decide when the results slice is
+// shorter than the batch's checks.
+var ErrShortResults = errors.New("store: results slice shorter than checks")

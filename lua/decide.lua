@@ -1,8 +1,9 @@
 -- decide.lua — every rule that matched one request, decided all-or-nothing.
 --
--- rategate prepends the algorithm functions (the part of each lua/<algo>.lua
--- above its "@standalone" line) to this file and loads the result as one
--- script, so one EVALSHA decides a whole request.
+-- lua.go builds this script from the algorithm functions (the part of each
+-- lua/<algo>.lua above its "@standalone" line), two dispatch functions it
+-- writes from the algorithm table, rg_check and rg_put, and this file, so one
+-- EVALSHA (or one FCALL of the function library) decides a whole request.
 --
 -- KEYS[i]  the key of check i (all in one hash slot on Redis Cluster)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME
@@ -10,10 +11,12 @@
 --          codes: 1 fixed_window, 2 sliding_log, 3 sliding_window, 4 gcra, 5 token_bucket
 -- Reply    {admitted 0|1, now_us, then per check: allowed, remaining, reset_us, retry_us}
 --
--- Phase 1 asks every algorithm without writing; phase 2 commits all of them
--- only when no non-shadow check denied. A denied request consumes nothing.
-
-local algorithms = {ALGORITHM_TABLE}
+-- Each algorithm decides without writing what an admission writes and hands
+-- that back as plain values; rg_put writes them. One check is written at
+-- once if it allows. Several are all decided first and written only when no
+-- non-shadow check denied: a denied request consumes nothing. (An algorithm
+-- may rewrite a record written under another limit or period while it
+-- decides; that changes no count. See each lua/<algo>.lua.)
 
 local now = tonumber(ARGV[1])
 if now == 0 then
@@ -22,42 +25,73 @@ if now == 0 then
 end
 
 local n = #KEYS
-local reply = {1, now}
-local commits = {}
-local admitted = 1
-for i = 1, n do
-  local b = 2 + (i - 1) * 6
-  local algo = algorithms[tonumber(ARGV[b])]
-  if not algo then
-    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[b]))
+if n == 1 then
+  local code = tonumber(ARGV[2])
+  local limit, period, burst = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, KEYS[1], now, limit, period, burst,
+    tonumber(ARGV[6]), true)
+  if not a then
+    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[2]))
   end
-  local a, rem, reset, retry, commit = algo(KEYS[i], now, tonumber(ARGV[b + 1]),
-    tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]))
-  if a == 0 and ARGV[b + 5] ~= '1' then admitted = 0 end
-  local o = 3 + (i - 1) * 4
-  reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
-  -- cost 0 is a look: never written
-  if a == 1 then commits[i] = (ARGV[b + 4] ~= '0' and commit) or false end
+  local admitted = a
+  if a == 1 then
+    if w1 then rg_put(code, KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
+  elseif ARGV[7] == '1' then
+    admitted = 1
+  end
+  return {admitted, now, a, rem, reset, retry}
 end
 
-if admitted == 1 then
+local reply = {1, now}
+-- pending writes, 10 values per allowed check: code, limit, period, burst,
+-- the four the algorithm hands back for its put, and the remaining and
+-- reset a zero-cost look would report, when it hands them back (sized for
+-- two checks, grown beyond)
+local pend = {false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false, false, false, false, false}
+for i = 1, n do
+  local b = 2 + (i - 1) * 6
+  local code = tonumber(ARGV[b])
+  local limit, period, burst = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, KEYS[i], now, limit, period, burst,
+    tonumber(ARGV[b + 4]), false)
+  if not a then
+    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[b]))
+  end
+  if a == 0 and ARGV[b + 5] ~= '1' then reply[1] = 0 end
+  local o = 3 + (i - 1) * 4
+  reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
+  if a == 1 and w1 then
+    local q = (i - 1) * 10
+    pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
+    pend[q + 6], pend[q + 7], pend[q + 8], pend[q + 9], pend[q + 10] = w2, w3, w4, lrem, lreset
+  end
+end
+
+if reply[1] == 1 then
   for i = 1, n do
-    if commits[i] then commits[i]() end
+    local q = (i - 1) * 10
+    if pend[q + 1] then
+      rg_put(pend[q + 1], KEYS[i], now, pend[q + 2], pend[q + 3], pend[q + 4],
+        pend[q + 5], pend[q + 6], pend[q + 7], pend[q + 8])
+    end
   end
   return reply
 end
 
--- Denied: nothing is written; rules that would have allowed report their
--- quota as it stands (a zero-cost look).
-reply[1] = 0
+-- Denied: nothing is written; rules that would have taken something report
+-- their quota as it stands, what a zero-cost look reports: as the algorithm
+-- handed it back, or asked again (an algorithm may hand back none).
 for i = 1, n do
-  if commits[i] ~= nil then
-    local b = 2 + (i - 1) * 6
-    local algo = algorithms[tonumber(ARGV[b])]
-    local a, rem, reset, retry = algo(KEYS[i], now, tonumber(ARGV[b + 1]),
-      tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), 0)
+  local q = (i - 1) * 10
+  if pend[q + 1] then
     local o = 3 + (i - 1) * 4
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
+    if pend[q + 9] then
+      reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
+    else
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = rg_check(pend[q + 1], KEYS[i], now,
+        pend[q + 2], pend[q + 3], pend[q + 4], 0, false)
+    end
   end
 end
 return reply

@@ -1,69 +1,109 @@
 -- fixed_window.lua — one counter per epoch-aligned window.
 --
--- KEYS[1]  the rule's key (a hash: w = window index, n = count)
+-- KEYS[1]  the rule's key (a hash: e = the end of the window the count was
+--          counted in, µs; n = the count)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst (unused)   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
 --
--- Algorithm: w = floor(now / P); allow iff count_w + c <= L, then count_w += c.
--- The key expires at the end of its window, so an idle identity costs nothing.
+-- Algorithm: the window is [ws, we) with ws = floor(now / P) * P; allow iff
+-- count + c <= L, then count += c. The count is in force while now < e, and
+-- the key expires at e, so an idle identity costs nothing.
+--
+-- Rule changes (a reload or override can change L and P under a live key):
+-- the count is compared with the new L as it stands (3 used of a new limit of
+-- 2 is limited; of 6, 3 remain), and it stays in force while the window it
+-- was counted in overlaps the current one. So a count from a window longer
+-- than P (P shrank) holds until its own end e; a count from a shorter window
+-- (P grew) holds to the end of the current window we: the first decision that
+-- costs something moves e (and the TTL) to we. A count added to a longer
+-- window keeps that window's end (the strict side). With P unchanged e is
+-- always we and nothing of this shows.
 --
 -- By hand: redis-cli --eval lua/fixed_window.lua rg:{demo:1.2.3.4}:fw , 0 5 60000000 5 1
 
+local function fw_int(x)
+  return string.format('%d', x)
+end
+
+-- fixed_window returns allowed, remaining, reset, retry and, when an
+-- admission has something to write, what fixed_window_put needs: the new
+-- count, and the window's end when the key is new (nil: only the count
+-- changes, the window's first commit already set e and the expiry); then
+-- the remaining and reset a zero-cost look would report instead (for a
+-- request another rule denies).
 local function fixed_window(key, now, limit, period, burst, cost)
-  local w = math.floor(now / period)
+  local we = math.floor(now / period) * period + period
+  local st = redis.call('HMGET', key, 'e', 'n')
+  local e = tonumber(st[1])
   local count = 0
-  local st = redis.call('HMGET', key, 'w', 'n')
-  local same = st[1] and tonumber(st[1]) == w
-  if same then
+  if e and e > now then
     count = tonumber(st[2]) or 0
+    if e < we then
+      -- counted under a shorter period: in force to the end of this window
+      e = we
+      if cost > 0 then
+        redis.call('HSET', key, 'e', fw_int(e))
+        redis.call('PEXPIRE', key, math.ceil((e - now) / 1000))
+      end
+    end
+  else
+    e = nil
   end
-  local reset = (w + 1) * period - now
+  local reset = (e or we) - now
   if count + cost > limit then
     local retry = reset
     if cost > limit then retry = -1 end
     if count == 0 then reset = 0 end
-    return 0, limit - count, reset, retry, nil
+    local remaining = limit - count
+    if remaining < 0 then remaining = 0 end
+    return 0, remaining, reset, retry
   end
-  count = count + cost
-  if count == 0 then
-    return 1, limit, 0, 0, nil
+  if count + cost == 0 then return 1, limit, 0, 0 end
+  if cost == 0 then return 1, limit - count, reset, 0 end
+  -- the last two: what a zero-cost look reports now (decide.lua's denials)
+  local lreset = reset
+  if count == 0 then lreset = 0 end
+  return 1, limit - count - cost, reset, 0, count + cost, (not e) and we or nil, nil, nil, limit - count, lreset
+end
+
+local function fixed_window_put(key, now, limit, period, burst, count, e)
+  if not e then
+    redis.call('HSET', key, 'n', fw_int(count))
+    return
   end
-  return 1, limit - count, reset, 0, function()
-    if same then
-      -- The window's first commit already set the expiry to its end.
-      redis.call('HSET', key, 'n', string.format('%d', count))
-      return
-    end
-    redis.call('HSET', key, 'w', string.format('%d', w), 'n', string.format('%d', count))
-    redis.call('PEXPIRE', key, math.ceil(reset / 1000))
-  end
+  redis.call('HSET', key, 'e', fw_int(e), 'n', fw_int(count))
+  redis.call('PEXPIRE', key, math.ceil((e - now) / 1000))
 end
 
 -- fixed_window_refund gives back cost, which a commit at `at` added, when the
 -- request as a whole was denied by a rule in another cluster slot (refund.lua).
--- Counts are additive, so the refund is exact; a window that has ended has
--- nothing left to give back.
-local function fixed_window_refund(key, now, limit, period, burst, cost, at)
-  local w = math.floor(at / period)
-  local st = redis.call('HMGET', key, 'w', 'n')
-  if not st[1] or tonumber(st[1]) ~= w then return end
+-- The commit reported reset = its record's end - at, so that record ends at
+-- at + reset; a record is only ever extended while in force, never replaced,
+-- so if it has not ended it still holds the cost. Counts are additive: the
+-- refund is exact. A record that has ended has nothing left to give back.
+local function fixed_window_refund(key, now, limit, period, burst, cost, at, rem, reset)
+  local ends = at + reset
+  if now >= ends then return end
+  local st = redis.call('HMGET', key, 'e', 'n')
+  local e = tonumber(st[1])
+  if not e or e < ends then return end
   local count = (tonumber(st[2]) or 0) - cost
   if count <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'n', string.format('%d', count))
+    redis.call('HSET', key, 'n', fw_int(count))
   end
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the
--- multi-rule script (decide.lua) includes the function above.
+-- multi-rule scripts (lua.go) include the functions above.
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local a, rem, reset, retry, commit = fixed_window(KEYS[1], now,
-  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-if a == 1 and commit then commit() end
+local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local a, rem, reset, retry, w1, w2, w3, w4 = fixed_window(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
+if a == 1 and w1 then fixed_window_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
 return {a, rem, reset, retry}

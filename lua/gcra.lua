@@ -3,13 +3,25 @@
 -- `CL.THROTTLE key B-1 L P c` (redis-cell's max_burst is B-1).
 --
 -- KEYS[1]  the rule's key (a hash: t = theoretical arrival time TAT in whole µs,
---          f = the TAT's fraction of a µs in units of 1/L µs, 0 <= f < L)
+--          f = the TAT's fraction of a µs in units of 1/L µs, 0 <= f < L;
+--          l, p = the limit and period (µs) the TAT was written under)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst B   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
 --
 -- Algorithm: T = P/L, tolerance tau = B*T; tat = max(stored, now), new = tat + c*T;
 -- allow iff new - now <= tau, then store new. The key expires when its TAT passes.
+--
+-- Rule changes (a reload or override changes L, P or B under a live key): the
+-- backlog d = tat - now can be read two ways under a new T: as time (the TAT
+-- stays where it is) or as what was used, in units of the old T (rounded up)
+-- queued at the new T. Neither may be looser, so the larger one is carried:
+-- time when the rate went up, units when it went down. A backlog above the
+-- new tolerance (B shrank, or T grew) is capped at tau: the identity has
+-- used its whole burst, no more. The first decision that costs something
+-- writes the converted or capped TAT back, so it drains at the new rate from
+-- then on (until then the store has not seen the change). With L, P and B
+-- unchanged the TAT never exceeds now + tau and nothing of this shows.
 --
 -- Rounding: none in the decision. T is kept exactly as q + r/L µs (q = floor(P/L),
 -- r = P mod L) and every TAT as whole µs + f/L, so fractional intervals (L=3 per
@@ -21,7 +33,7 @@
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
--- limits/algo_gcra.go is the in-memory twin, step for step.
+-- limits/memstore/algo_gcra.go is the in-memory twin, step for step.
 --
 -- By hand: redis-cli --eval lua/gcra.lua rg:{demo:1.2.3.4}:gc , 0 1 1000000 5 1
 
@@ -65,27 +77,80 @@ local function gc_left(ti, tf, di, df, burst, q, r, limit, period)
   return gc_count(xi, xf, burst, q, r, limit, period)
 end
 
+-- gc_backlog returns the backlog d = tat - now (>= 0, whole µs + numerator
+-- over L) a stored TAT t + f/sl written under limit sl and period sp means
+-- under limit L, period P and burst B: as it is when sl and sp are L and P,
+-- else the larger of d rounded up to a whole µs and d's whole units of the
+-- old T, rounded up, at the new T; capped at tau = (ti, tf) either way.
+-- changed is true when the stored TAT has to be rewritten.
+local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
+  local di, df = 0, 0
+  local changed = false
+  if sl == limit and sp == period then
+    if t >= now then di, df = t - now, f end
+  else
+    changed = true
+    if t > now or (t == now and f > 0) then
+      local xi = t - now
+      di = xi
+      if f > 0 then di = xi + 1 end
+      local sq = math.floor(sp / sl)
+      local sr = sp - sq * sl
+      local u = gc_count(xi, f, burst, sq, sr, sl, sp)
+      if u < burst then
+        local ui, uf = gc_times(u, sq, sr, sl)
+        if ui < xi or (ui == xi and uf < f) then u = u + 1 end
+      end
+      local ui, uf = gc_times(u, q, r, limit)
+      if ui > di or (ui == di and uf > 0) then di, df = ui, uf end
+    end
+  end
+  if di > ti or (di == ti and df > tf) then
+    di, df, changed = ti, tf, true
+  end
+  return di, df, changed
+end
+
+-- gcra returns allowed, remaining, reset, retry and, on an admission, what
+-- gcra_put needs: the new TAT (whole µs and numerator), its distance from now
+-- rounded up (the TTL), and whether the record's l and p are to be written.
+-- It hands back no look (what a zero-cost look would report instead): that
+-- costs a gc_left, more than asking again on the rare denial.
 local function gcra(key, now, limit, period, burst, cost)
   local q = math.floor(period / limit)
   local r = period - q * limit
+  local ti, tf = gc_times(burst, q, r, limit)
   -- d = tat - now >= 0 as di + df/L; a TAT in the past is an empty bucket.
   local di, df = 0, 0
-  local st = redis.call('HMGET', key, 't', 'f')
+  local same = false
+  local st = redis.call('HMGET', key, 't', 'f', 'l', 'p')
   local t = tonumber(st[1])
   if t then
     local f = tonumber(st[2]) or 0
-    -- written under a smaller limit: round the TAT up, never down
-    if f >= limit then t, f = t + 1, 0 end
-    if t >= now then di, df = t - now, f end
+    local sl, sp = tonumber(st[3]), tonumber(st[4])
+    same = sl == limit and sp == period
+    local changed
+    di, df, changed = gc_backlog(t, f, sl or limit, sp or period, now, q, r, limit, period, burst, ti, tf)
+    if changed and cost > 0 then
+      if di > 0 or df > 0 then
+        local ttl = di
+        if df > 0 then ttl = di + 1 end
+        redis.call('HSET', key, 't', string.format('%d', now + di), 'f', string.format('%d', df),
+          'l', string.format('%d', limit), 'p', string.format('%d', period))
+        redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+        same = true
+      else
+        redis.call('DEL', key)
+      end
+    end
   end
-  local ti, tf = gc_times(burst, q, r, limit)
   local reset = di
   if df > 0 then reset = di + 1 end
   if cost == 0 or cost > burst then
     -- a look, or a cost that can never fit: the quota as it stands
     local rem = gc_left(ti, tf, di, df, burst, q, r, limit, period)
-    if cost == 0 then return 1, rem, reset, 0, nil end
-    return 0, rem, reset, -1, nil
+    if cost == 0 then return 1, rem, reset, 0 end
+    return 0, rem, reset, -1
   end
   local ci, cf = gc_times(cost, q, r, limit)
   local ni, nf = di + ci, df + cf
@@ -93,14 +158,21 @@ local function gcra(key, now, limit, period, burst, cost)
   if ni > ti or (ni == ti and nf > tf) then
     local retry = ni - ti
     if nf > tf then retry = retry + 1 end
-    return 0, gc_left(ti, tf, di, df, burst, q, r, limit, period), reset, retry, nil
+    return 0, gc_left(ti, tf, di, df, burst, q, r, limit, period), reset, retry
   end
   local ttl = ni
   if nf > 0 then ttl = ni + 1 end
-  return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, function()
-    redis.call('HSET', key, 't', string.format('%d', now + ni), 'f', string.format('%d', nf))
-    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, now + ni, nf, ttl, not same
+end
+
+local function gcra_put(key, now, limit, period, burst, t, f, ttl, rule)
+  if rule then
+    redis.call('HSET', key, 't', string.format('%d', t), 'f', string.format('%d', f),
+      'l', string.format('%d', limit), 'p', string.format('%d', period))
+  else
+    redis.call('HSET', key, 't', string.format('%d', t), 'f', string.format('%d', f))
   end
+  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
 end
 
 -- gcra_refund takes back the c*T a commit at `at` added to the TAT (see
@@ -113,12 +185,13 @@ end
 -- so the refund errs, by less than 1 µs and only when part has drained, on
 -- the strict side. With nothing drained (the usual case: the refund follows
 -- the commit by one round trip) it is exact, in the same whole µs + f/L form.
+-- A TAT written under other numbers since is left alone (stricter).
 local function gcra_refund(key, now, limit, period, burst, cost, at, rem, reset)
-  local st = redis.call('HMGET', key, 't', 'f')
+  local st = redis.call('HMGET', key, 't', 'f', 'l', 'p')
   local t = tonumber(st[1])
   if not t then return end
+  if (tonumber(st[3]) or limit) ~= limit or (tonumber(st[4]) or period) ~= period then return end
   local f = tonumber(st[2]) or 0
-  if f >= limit then t, f = t + 1, 0 end
   local q = math.floor(period / limit)
   local r = period - q * limit
   local ci, cf = gc_times(cost, q, r, limit)
@@ -142,13 +215,13 @@ local function gcra_refund(key, now, limit, period, burst, cost, at, rem, reset)
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the
--- multi-rule script (decide.lua) includes the functions above.
+-- multi-rule scripts (lua.go) include the functions above.
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local a, rem, reset, retry, commit = gcra(KEYS[1], now,
-  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-if a == 1 and commit then commit() end
+local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local a, rem, reset, retry, w1, w2, w3, w4 = gcra(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
+if a == 1 and w1 then gcra_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
 return {a, rem, reset, retry}

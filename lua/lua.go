@@ -1,25 +1,27 @@
-// Package lua embeds rategate's Redis scripts. Each lua/<algorithm>.lua runs
-// on its own with redis-cli --eval; Decide joins their functions with
-// decide.lua into the one script that decides a whole request.
+// Package lua embeds rategate's Redis scripts and builds, from the same
+// sources, everything rategate runs in Redis: the multi-rule decide script,
+// the refund script (Redis Cluster), and a Redis
+// Functions library holding decide and refund.
+//
+// Each lua/<algorithm>.lua runs on its own with redis-cli --eval: its
+// functions stand above a "-- @standalone" line, a small main below it. The
+// builders take the part above the line and join it with a driver
+// (decide.lua, refund.lua).
 package lua
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/rategate/rategate/limits"
+	"github.com/redis/go-redis/v9"
 )
 
 //go:embed *.lua
 var files embed.FS
-
-// Algorithm scripts in the order of their numeric code in decide.lua (1-based).
-var algorithmFiles = []struct{ file, fn string }{
-	{"fixed_window.lua", "fixed_window"},
-	{"sliding_log.lua", "sliding_log"},
-	{"sliding_window.lua", "sliding_window"},
-	{"gcra.lua", "gcra"},
-	{"token_bucket.lua", "token_bucket"},
-}
 
 const standaloneMarker = "-- @standalone"
 
@@ -32,40 +34,232 @@ func Source(name string) (string, error) {
 	return string(b), nil
 }
 
-// Decide returns the multi-rule script: every available algorithm's function
-// followed by decide.lua. Algorithms whose file is absent are left out of the
-// table (their code then errors in the script).
-func Decide() (string, error) {
+// FunctionLibrary is decide.lua and refund.lua as one Redis Functions
+// library (Redis >= 7): load it once per server with FUNCTION LOAD REPLACE,
+// then FCALL Decide (or Refund) with exactly the KEYS and ARGV of the
+// script, for exactly its reply. Unlike EVALSHA, which runs a script's whole
+// top level (every function definition) on each call, FCALL runs only the
+// function.
+type FunctionLibrary struct {
+	// Name is "rategate_<version>", the version 12 hex digits of a hash of
+	// the sources (comments included) and the library's code: it changes
+	// whenever any of them does, so two rategate versions never replace
+	// each other's library.
+	Name string
+	// Source is the library's code, "#!lua name=<Name>" first.
+	Source string
+	// Decide and Refund are the function names: Name + "_decide" and
+	// Name + "_refund" (function names are global on a server).
+	Decide, Refund string
+}
+
+// built is everything the package assembles from the embedded sources,
+// once: they are fixed at compile time, and TestBuild checks they assemble.
+var built = mustBuild()
+
+// The scripts, ready to run with Script.Run (EVALSHA, EVAL on NOSCRIPT).
+var (
+	// DecideScript decides one request's checks all-or-nothing (decide.lua).
+	DecideScript = redis.NewScript(built.decide)
+	// RefundScript gives back what admitted slots of a denied request took
+	// on Redis Cluster (refund.lua).
+	RefundScript = redis.NewScript(built.refund)
+)
+
+// Decide returns the source of DecideScript.
+func Decide() (string, error) { return built.decide, nil }
+
+// Refund returns the source of RefundScript.
+func Refund() (string, error) { return built.refund, nil }
+
+// Library returns the decide and refund functions as a function library.
+func Library() FunctionLibrary { return built.lib }
+
+type assembly struct {
+	decide, refund string
+	lib            FunctionLibrary
+}
+
+func mustBuild() assembly {
+	a, err := build(Source)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+// source reads one script by file name; Source, or another set in tests.
+type source func(name string) (string, error)
+
+// strip drops the lines that hold only a comment, and blank lines, from a
+// part of an assembled script: the assembled scripts are for Redis (the
+// sources, with their comments, are the files), and a script's whole text
+// is sent again on every EVAL that follows a NOSCRIPT. Lines that hold code
+// keep their trailing comments. Block comments are refused: a line-wise cut
+// could break them.
+func strip(name, src string) (string, error) {
 	var sb strings.Builder
-	table := make([]string, 0, len(algorithmFiles))
-	for i, a := range algorithmFiles {
-		src, err := Source(a.file)
-		if err != nil {
-			table = append(table, fmt.Sprintf("[%d] = nil", i+1))
+	for _, line := range strings.Split(src, "\n") {
+		t := strings.TrimSpace(line)
+		if strings.Contains(t, "--[[") || strings.Contains(t, "--[=") {
+			return "", fmt.Errorf("lua: %s has a block comment; the builder strips comments line by line", name)
+		}
+		if t == "" || strings.HasPrefix(t, "--") {
 			continue
 		}
-		cut := strings.Index(src, standaloneMarker)
-		if cut < 0 {
-			return "", fmt.Errorf("lua: %s has no %q line", a.file, standaloneMarker)
-		}
-		sb.WriteString(src[:cut])
+		sb.WriteString(line)
 		sb.WriteString("\n")
-		table = append(table, fmt.Sprintf("[%d] = %s", i+1, a.fn))
 	}
-	drv, err := Source("decide.lua")
-	if err != nil {
-		return "", err
-	}
-	sb.WriteString(strings.Replace(drv, "ALGORITHM_TABLE", strings.Join(table, ", "), 1))
 	return sb.String(), nil
 }
 
-// Code returns the numeric code decide.lua uses for an algorithm name, or 0.
-func Code(algorithm string) int {
-	for i, a := range algorithmFiles {
-		if a.fn == algorithm {
-			return i + 1
+// algorithm is one algorithm file's functions.
+type algorithm struct {
+	code int
+	fn   string
+	body string // the part above "@standalone"
+}
+
+// algorithmParts reads every algorithm file and checks that it defines the
+// three functions the drivers call.
+func algorithmParts(read source) ([]algorithm, error) {
+	var out []algorithm
+	for _, info := range limits.AlgorithmTable() {
+		a := struct{ file, fn string }{string(info.Name) + ".lua", string(info.Name)}
+		src, err := read(a.file)
+		if err != nil {
+			return nil, err
 		}
+		cut := strings.Index(src, standaloneMarker)
+		if cut < 0 {
+			return nil, fmt.Errorf("lua: %s has no %q line", a.file, standaloneMarker)
+		}
+		body, err := strip(a.file, src[:cut])
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range []string{a.fn, a.fn + "_put", a.fn + "_refund"} {
+			if n := strings.Count(body, "local function "+f+"("); n != 1 {
+				return nil, fmt.Errorf("lua: %s defines %s %d times above its %q line, want once", a.file, f, n, standaloneMarker)
+			}
+		}
+		out = append(out, algorithm{code: info.Code, fn: a.fn, body: body})
 	}
-	return 0
+	return out, nil
+}
+
+// dispatch writes rg_check and rg_put, which call an algorithm by its code.
+func dispatch(sb *strings.Builder, algos []algorithm) {
+	sb.WriteString("local function rg_check(code, key, now, limit, period, burst, cost, solo)\n")
+	for _, a := range algos {
+		fmt.Fprintf(sb, "  if code == %d then return %s(key, now, limit, period, burst, cost, solo) end\n", a.code, a.fn)
+	}
+	sb.WriteString("  return nil\nend\n\n")
+	sb.WriteString("local function rg_put(code, key, now, limit, period, burst, w1, w2, w3, w4)\n")
+	for _, a := range algos {
+		fmt.Fprintf(sb, "  if code == %d then return %s_put(key, now, limit, period, burst, w1, w2, w3, w4) end\n", a.code, a.fn)
+	}
+	sb.WriteString("end\n\n")
+}
+
+// refundDriver returns refund.lua with its two tables filled in.
+func refundDriver(read source, algos []algorithm) (string, error) {
+	drv, err := read("refund.lua")
+	if err != nil {
+		return "", err
+	}
+	if drv, err = strip("refund.lua", drv); err != nil {
+		return "", err
+	}
+	var at, rt []string
+	for _, a := range algos {
+		at = append(at, fmt.Sprintf("[%d] = %s", a.code, a.fn))
+		rt = append(rt, fmt.Sprintf("[%d] = %s_refund", a.code, a.fn))
+	}
+	if !strings.Contains(drv, "ALGORITHM_TABLE") || !strings.Contains(drv, "REFUND_TABLE") {
+		return "", fmt.Errorf("lua: refund.lua lacks its ALGORITHM_TABLE or REFUND_TABLE")
+	}
+	drv = strings.Replace(drv, "ALGORITHM_TABLE", strings.Join(at, ", "), 1)
+	return strings.Replace(drv, "REFUND_TABLE", strings.Join(rt, ", "), 1), nil
+}
+
+func build(readFile source) (assembly, error) {
+	// The library's version hashes every source read, comments included.
+	sources := sha1.New()
+	read := func(name string) (string, error) {
+		src, err := readFile(name)
+		fmt.Fprintf(sources, "%s %d\n%s", name, len(src), src)
+		return src, err
+	}
+	algos, err := algorithmParts(read)
+	if err != nil {
+		return assembly{}, err
+	}
+	decideDrv, err := read("decide.lua")
+	if err != nil {
+		return assembly{}, err
+	}
+	if decideDrv, err = strip("decide.lua", decideDrv); err != nil {
+		return assembly{}, err
+	}
+	refundDrv, err := refundDriver(read, algos)
+	if err != nil {
+		return assembly{}, err
+	}
+
+	// The decide script defines only the algorithms its call uses: Redis
+	// runs a script's whole top level on every EVALSHA, and each function
+	// definition is an allocation. Each algorithm's part sits in a block
+	// that runs only when its code is in ARGV, its three functions assigned
+	// to locals declared outside the block.
+	var d strings.Builder
+	d.WriteString("-- rategate decide script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	var used, scan []string
+	for _, a := range algos {
+		used = append(used, fmt.Sprintf("rg_u%d", a.code))
+		scan = append(scan, fmt.Sprintf("c == %d then rg_u%d = true", a.code, a.code))
+	}
+	fmt.Fprintf(&d, "local %s\nfor i = 2, #ARGV, 6 do\n  local c = tonumber(ARGV[i])\n  if %s end\nend\n\n",
+		strings.Join(used, ", "), strings.Join(scan, " elseif "))
+	for _, a := range algos {
+		fmt.Fprintf(&d, "local %[1]s, %[1]s_put\nif rg_u%[2]d then\n", a.fn, a.code)
+		body := a.body
+		for _, f := range []string{a.fn, a.fn + "_put"} {
+			body = strings.Replace(body, "local function "+f+"(", "function "+f+"(", 1)
+		}
+		d.WriteString(body)
+		d.WriteString("end\n\n")
+	}
+	dispatch(&d, algos)
+	d.WriteString(decideDrv)
+
+	var r strings.Builder
+	r.WriteString("-- rategate refund script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	for _, a := range algos {
+		r.WriteString(a.body)
+		r.WriteString("\n")
+	}
+	r.WriteString(refundDrv)
+
+	// The library: every algorithm once, at load; the drivers as functions
+	// whose parameters are named like the globals a script sees.
+	var l strings.Builder
+	for _, a := range algos {
+		l.WriteString(a.body)
+		l.WriteString("\n")
+	}
+	dispatch(&l, algos)
+	l.WriteString("local function rg_decide(KEYS, ARGV)\n")
+	l.WriteString(decideDrv)
+	l.WriteString("end\n\nlocal function rg_refund(KEYS, ARGV)\n")
+	l.WriteString(refundDrv)
+	l.WriteString("end\n\n")
+	sources.Write([]byte(l.String()))
+	lib := FunctionLibrary{Name: "rategate_" + hex.EncodeToString(sources.Sum(nil)[:6])}
+	lib.Decide, lib.Refund = lib.Name+"_decide", lib.Name+"_refund"
+	lib.Source = fmt.Sprintf("#!lua name=%s\n-- rategate function library, assembled by lua.go from lua/*.lua (their comments explain it).\n%s"+
+		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_refund)\n",
+		lib.Name, l.String(), lib.Decide, lib.Refund)
+
+	return assembly{decide: d.String(), refund: r.String(), lib: lib}, nil
 }

@@ -4,10 +4,10 @@
 -- slots, and one script can only touch one slot. rategate then runs
 -- decide.lua once per slot, in parallel; when some slot denies, the slots
 -- that admitted (and so committed) are handed to this script, which undoes
--- their commits and reports their quota as it now stands. rategate prepends
+-- their commits and reports their quota as it now stands. lua.go prepends
 -- the algorithm functions and their <algo>_refund twins (the part of each
--- lua/<algo>.lua above its "@standalone" line) and loads the result as one
--- script, like decide.lua.
+-- lua/<algo>.lua above its "@standalone" line) and fills in the two tables
+-- below, for the script (RefundScript) and the function library alike.
 --
 -- KEYS[1..n]  the keys to refund (all in one hash slot)
 -- KEYS[n+1]   this refund's marker, in the same slot: "<prefix>:{tag}:refund:<id>"

@@ -1,26 +1,43 @@
 -- sliding_log.lua — the exact log of the requests admitted in the last period.
 --
 -- KEYS[1]  the rule's key (a sorted set: one member per admitted request,
---          score = its time in µs, member = "<time>:<seq>:<cost>")
+--          score = its time in µs, member = "<n><K>:<c>": c its cost, K the
+--          running total of the costs admitted to this key up to and
+--          including it, n a letter that gives K's number of digits)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst (unused)   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
 --
--- Algorithm: drop entries with time <= now - P (the window is (now-P, now]);
--- allow iff sum(costs) + c <= L, then add {now, c}. Exact; memory grows with L.
+-- Algorithm: the window is (now-P, now]; allow iff the costs of the entries in
+-- it plus c fit in L, then add {now, c}. Exact; memory grows with L.
 --
--- Members stay unique for requests in the same microsecond: <seq> is the number
--- of members already scored <time> (ZCOUNT, taken at commit). Members sharing a
--- score are only ever removed together (ZREMRANGEBYSCORE removes a whole score
--- or none of it; expiry and DEL remove everything), so they are always exactly
--- <time>:0 .. <time>:k-1 and <time>:k is new. The cost rides in the member
--- because a sorted set has nowhere else to keep it.
+-- Bounded work: no decision reads the log. The running totals make the sum of
+-- the window two reads, the oldest entry in it and the newest one:
+-- used = K(newest) - (K(oldest) - c(oldest)). Entries are kept in admission
+-- order, which is time order (an entry is timed max(now, newest), so a clock
+-- that steps back cannot put one before another) and, within one µs, member
+-- order (the letter makes "b10" sort after "a9"); so K grows with the rank,
+-- and the members are unique. A denial's retry is the oldest entry whose
+-- departure frees need = used + c - L: the first rank whose K reaches
+-- K(oldest) - c(oldest) + need, found by a binary search over ranks, within
+-- the first need entries (each costs at least 1): O(log need) reads, and need
+-- <= c unless a lower limit left more than L in the window. An admission
+-- removes the entries that have left (ZREMRANGEBYSCORE: O(log n) plus what
+-- leaves) and adds one. So a decision costs O(log n) plus the entries that
+-- expire, whatever L is. Denials and looks write nothing but, after a period
+-- change, the expiry (below).
 --
 -- reset = until the newest entry leaves (the whole quota is back), 0 when empty.
 -- retry = until enough of the oldest entries have left for c to fit: an entry
 -- at t leaves once now - P >= t, so retry = t_k + P - now for the first t_k
 -- (oldest first) whose departure frees enough. The key expires when its newest
--- entry leaves, P after the last admission.
+-- entry leaves, P after it.
+--
+-- Rule changes (a reload or override changes L or P under a live key): the
+-- entries in the new window count against the new L as they stand; a longer P
+-- counts the older entries still kept (an admission drops the ones outside the
+-- window of its rule), and any decision that costs something moves the expiry
+-- out to P after the newest entry, so that a longer P keeps them to its end.
 --
 -- By hand: redis-cli --eval lua/sliding_log.lua rg:{demo:1.2.3.4}:sl , 0 5 60000000 5 1
 
@@ -30,19 +47,50 @@ local function sl_int(x)
   return string.format('%d', x)
 end
 
-local function sliding_log(key, now, limit, period, burst, cost)
-  -- Trimming changes nothing logically (expired entries count for nothing),
-  -- so it runs before the verdict, even for a request that is then denied.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', sl_int(now - period))
-  local log = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local costs, used = {}, 0
-  for i = 1, #log, 2 do
-    local c = tonumber(string.match(log[i], ':(%d+)$'))
-    costs[#costs + 1] = c
-    used = used + c
+local function sl_member(k, c)
+  local s = sl_int(k)
+  return string.char(96 + #s) .. s .. ':' .. sl_int(c)
+end
+
+-- sl_parse returns a member's running total and cost.
+local function sl_parse(m)
+  local k, c = string.match(m, '^%a(%d+):(%d+)$')
+  return tonumber(k), tonumber(c)
+end
+
+-- sl_keep makes the key live until its newest entry, at `newest`, leaves
+-- the window of this rule, if it would expire earlier (a longer period).
+local function sl_keep(key, now, period, newest)
+  local ms = math.ceil((newest + period - now) / 1000)
+  local ttl = redis.call('PTTL', key)
+  if ttl >= 0 and ttl < ms then redis.call('PEXPIRE', key, ms) end
+end
+
+-- sliding_log returns allowed, remaining, reset, retry and, on an
+-- admission, what sliding_log_put needs: the new entry's time, running total
+-- and cost, and the key's TTL; then the remaining and reset a zero-cost look
+-- would report instead. solo says that an admission is written right after
+-- (one check per request), so the expiry needs no separate care.
+local function sliding_log(key, now, limit, period, burst, cost, solo)
+  local cut = sl_int(now - period)
+  local first = redis.call('ZRANGEBYSCORE', key, '(' .. cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local used, base, fk, last, lastk = 0, 0, 0, nil, 0
+  if #first > 0 then
+    local fc
+    fk, fc = sl_parse(first[1])
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    lastk = sl_parse(newest[1])
+    if fk and lastk then
+      base = fk - fc
+      last = tonumber(newest[2])
+      used = lastk - base
+    else
+      -- members of another layout (an earlier build, or not rategate's):
+      -- no running totals to trust; the identity starts afresh
+      if cost > 0 then redis.call('DEL', key) end
+      fk, lastk = 0, 0
+    end
   end
-  local last = nil
-  if #log > 0 then last = tonumber(log[#log]) end
 
   if used + cost > limit then
     local remaining = limit - used
@@ -51,58 +99,78 @@ local function sliding_log(key, now, limit, period, burst, cost)
     if last then reset = last + period - now end
     local retry = -1
     if cost <= limit then
-      -- need <= used because cost <= limit, so the walk always ends.
-      local need, freed = used + cost - limit, 0
-      for j = 1, #costs do
-        freed = freed + costs[j]
-        if freed >= need then
-          retry = tonumber(log[2 * j]) + period - now
-          break
+      -- 1 <= need <= used because cost <= limit, so the entry exists.
+      local need = used + cost - limit
+      local at = tonumber(first[2])
+      if fk - base < need then
+        local lo = redis.call('ZCOUNT', key, '-inf', cut) + 1
+        local hi = math.min(lo + need - 2, redis.call('ZCARD', key) - 1)
+        at = nil
+        while lo < hi do
+          local mid = math.floor((lo + hi) / 2)
+          local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
+          -- a member of another layout counts as enough: an earlier retry
+          if (sl_parse(m[1]) or math.huge) - base >= need then
+            hi, at = mid, tonumber(m[2])
+          else
+            lo = mid + 1
+          end
         end
+        if not at then at = tonumber(redis.call('ZRANGE', key, hi, hi, 'WITHSCORES')[2]) end
       end
+      retry = at + period - now
     end
-    return 0, remaining, reset, retry, nil
+    if cost > 0 and last then sl_keep(key, now, period, last) end
+    return 0, remaining, reset, retry
   end
 
-  if cost == 0 then
-    local reset = 0
-    if last then reset = last + period - now end
-    return 1, limit - used, reset, 0, nil
-  end
+  local lreset = 0
+  if last then lreset = last + period - now end
+  if cost == 0 then return 1, limit - used, lreset, 0 end
+  if last and not solo then sl_keep(key, now, period, last) end
   -- After a clock step back the newest entry can be later than now.
-  if not last or last < now then last = now end
-  local reset = last + period - now
-  return 1, limit - used - cost, reset, 0, function()
-    local seq = redis.call('ZCOUNT', key, sl_int(now), sl_int(now))
-    redis.call('ZADD', key, sl_int(now), string.format('%d:%d:%d', now, seq, cost))
-    redis.call('PEXPIRE', key, sl_int(math.ceil(reset / 1000)))
-  end
+  local at = now
+  if last and last > now then at = last end
+  local reset = at + period - now
+  return 1, limit - used - cost, reset, 0, at, lastk + cost, cost, reset, limit - used, lreset
+end
+
+local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', sl_int(now - period))
+  redis.call('ZADD', key, sl_int(at), sl_member(k, cost))
+  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
 end
 
 -- sliding_log_refund removes the entry a commit at `at` added (see
--- refund.lua). Entries at one score with one cost are interchangeable, so it
--- removes one of them, preferring the highest <seq>; when that one has another
--- cost it takes the freed <seq>, so the members at `at` stay <at>:0 .. <at>:k-2
--- and the next ZCOUNT still names a new member. The TTL follows the newest
--- entry left.
-local function sliding_log_refund(key, now, limit, period, burst, cost, at)
-  local s = sl_int(at)
-  local members = redis.call('ZRANGEBYSCORE', key, s, s)
-  local last, lastseq, lastcost = nil, -1, 0
-  local mine, mineseq = nil, -1
-  for _, m in ipairs(members) do
-    local seq, c = string.match(m, ':(%d+):(%d+)$')
-    seq, c = tonumber(seq), tonumber(c)
-    if seq and c then
-      if seq > lastseq then last, lastseq, lastcost = m, seq, c end
-      if c == cost and seq > mineseq then mine, mineseq = m, seq end
+-- refund.lua). The commit reported reset = its entry's time + P - at, so the
+-- entry is at t = at + reset - P. Entries with one time and one cost are
+-- interchangeable, so it removes the newest such; the entries after it (those
+-- admitted since, one round trip's worth) get their running totals lowered by
+-- its cost, so the log is exactly the one without the request. An entry that
+-- has left the window is no longer counted and is left alone. The TTL follows
+-- the newest entry left.
+local function sliding_log_refund(key, now, limit, period, burst, cost, at, rem, reset)
+  local t = at + reset - period
+  if t <= now - period then return end
+  local s = sl_int(t)
+  local later = redis.call('ZREVRANGEBYSCORE', key, '+inf', s, 'WITHSCORES')
+  local mine = nil
+  for i = 1, #later, 2 do
+    if tonumber(later[i + 1]) == t then
+      local _, c = sl_parse(later[i])
+      if c == cost then
+        mine = i
+        break
+      end
     end
   end
   if not mine then return end
-  redis.call('ZREM', key, mine)
-  if mine ~= last then
-    redis.call('ZREM', key, last)
-    redis.call('ZADD', key, s, string.format('%s:%d:%d', s, mineseq, lastcost))
+  redis.call('ZREM', key, later[mine])
+  -- oldest first: each new name is below every name still to be renamed
+  for i = mine - 2, 1, -2 do
+    local k, c = sl_parse(later[i])
+    redis.call('ZREM', key, later[i])
+    redis.call('ZADD', key, later[i + 1], sl_member(k - cost, c))
   end
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if #newest == 0 then return end
@@ -110,18 +178,18 @@ local function sliding_log_refund(key, now, limit, period, burst, cost, at)
   if ttl <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('PEXPIRE', key, sl_int(math.ceil(ttl / 1000)))
+    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
   end
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the
--- multi-rule script (decide.lua) includes the functions above.
+-- multi-rule scripts (lua.go) include the functions above.
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local a, rem, reset, retry, commit = sliding_log(KEYS[1], now,
-  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-if a == 1 and commit then commit() end
+local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local a, rem, reset, retry, w1, w2, w3, w4 = sliding_log(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
+if a == 1 and w1 then sliding_log_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
 return {a, rem, reset, retry}

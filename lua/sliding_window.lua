@@ -1,16 +1,33 @@
 -- sliding_window.lua — the two-window estimate (a sliding window counter).
 --
--- KEYS[1]  the rule's key (a hash: w = window index, c = count of window w,
---          p = count of window w-1)
+-- KEYS[1]  the rule's key (a hash: e = the end of the window the current
+--          count was counted in, µs; c = that count; p = the count of the
+--          window before it, which ended at e - d; d = the period, µs, both
+--          were counted under)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst (unused)   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
 --
--- Algorithm: w = floor(now / P), elapsed = now - w*P, est = prev * (1 - elapsed/P)
--- + curr; allow iff est + c <= L, then curr += c. O(1) memory per key.
+-- Algorithm: ws = floor(now / P) * P, elapsed = now - ws, est = prev * (1 -
+-- elapsed/P) + curr; allow iff est + c <= L, then curr += c. O(1) memory.
+--
+-- Which stored count is curr and which prev: a count whose window ends after
+-- ws (it overlaps the current window) is curr; one whose window ended within
+-- the last P before ws is prev; anything older is gone. With P unchanged the
+-- stored window is the current one (e = ws + P: c is curr, p is prev) or the
+-- one before (e = ws: c is prev), which is the textbook algorithm.
+--
+-- Rule changes (a reload or override changes L or P under a live key): the
+-- counts are compared with the new L as they stand, and a count stays curr
+-- while the window it was counted in overlaps the current one: a count from a
+-- longer window (P shrank) stays curr, at full weight, until that window ends
+-- (any prev count is then folded into curr: the strict side); one from a
+-- shorter window (P grew) is curr to the end of this window. The first
+-- decision that costs something rewrites the record in those terms, under the
+-- new P (d), and moves the TTL accordingly.
 --
 -- Float convention, repeated operation for operation by the Go twin
--- (limits/algo_sliding_window.go) so both stores agree to the last bit:
+-- (limits/memstore/algo_sliding_window.go) so both stores agree to the last bit:
 --   est = prev * (1 - elapsed / P) + curr
 -- evaluated left to right as four rounded doubles (q = elapsed / P; k = 1 - q;
 -- x = prev * k; est = x + curr), then the verdict est + c <= L. All inputs are
@@ -19,15 +36,14 @@
 --
 -- remaining = floor(L - est) with est recomputed after admission, never < 0:
 -- exactly what a zero-cost look at the same instant reports.
--- reset = until est is 0: end of window w+1 when curr > 0, end of window w when
--- only prev is left, 0 when both are 0.
+-- reset = until est is 0: the start of the window in which the newest count
+-- no longer counts (sw_gone), 0 when both counts are 0.
 -- retry = the first µs at which est + c <= L if nothing else is admitted. est
 -- only decays, so binary-search elapsed over the float verdict itself: in this
--- window, then in the next (curr becomes prev), then the one after (empty,
--- fits whenever c <= L). The answer is the same in Lua and Go whatever the
--- search path, and no closed form has to be rounded. At most 2 log2(P) steps.
--- The key expires at the end of window w+1: until then its count is the prev
--- of the next window.
+-- window, then in the window where curr has become prev, then in the empty one
+-- after it (fits whenever c <= L). The answer is the same in Lua and Go
+-- whatever the search path, and no closed form has to be rounded. At most
+-- 2 log2(P) steps. The key expires when its newest count no longer counts.
 --
 -- By hand: redis-cli --eval lua/sliding_window.lua rg:{demo:1.2.3.4}:sw , 0 5 60000000 5 1
 
@@ -55,76 +71,133 @@ local function sw_earliest(prev, curr, lo, period, limit, cost)
   return hi
 end
 
-local function sw_reset(prev, curr, w, period, now)
-  if curr > 0 then return (w + 2) * period - now end
-  if prev > 0 then return (w + 1) * period - now end
-  return 0
+-- sw_gone is the start of the first window of length period in which a count
+-- whose window ended at x no longer counts (not even as prev).
+local function sw_gone(x, period)
+  return (math.floor((x - 1) / period) + 2) * period
 end
 
+-- sliding_window returns allowed, remaining, reset, retry and, when an
+-- admission has something to write, what sliding_window_put needs: the
+-- current count's window end, the new current and previous counts, and
+-- whether the whole record is new (false: only c changes); then the
+-- remaining and reset a zero-cost look would report instead.
 local function sliding_window(key, now, limit, period, burst, cost)
-  local w = math.floor(now / period)
-  local elapsed = now - w * period
-  local prev, curr = 0, 0
-  local st = redis.call('HMGET', key, 'w', 'c', 'p')
-  local sw = tonumber(st[1])
-  if sw == w then
-    curr, prev = tonumber(st[2]) or 0, tonumber(st[3]) or 0
-  elseif sw == w - 1 then
-    prev = tonumber(st[2]) or 0
+  local ws = math.floor(now / period) * period
+  local we = ws + period
+  local elapsed = now - ws
+  local prev, curr, cend = 0, 0, we
+  local st = redis.call('HMGET', key, 'e', 'c', 'p', 'd')
+  local e = tonumber(st[1])
+  local same = false
+  local sc, sp, d = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or period
+  if e then
+    -- the record's own end of life, as its TTL was set (Redis may keep it a
+    -- little longer, a fake test clock much longer)
+    local gone = sw_gone(e - d, d)
+    if sc > 0 then gone = sw_gone(e, d) end
+    if now >= gone then e = nil end
+  end
+  if e then
+    if sc > 0 then
+      if e > ws then
+        curr = sc
+        if e > cend then cend = e end
+      elseif e > ws - period then
+        prev = sc
+      end
+    end
+    if sp > 0 then
+      local pe = e - d
+      if pe > ws then
+        curr = curr + sp
+        if pe > cend then cend = pe end
+      elseif pe > ws - period then
+        prev = prev + sp
+      end
+    end
+    if cend > we and prev > 0 then curr, prev = curr + prev, 0 end
+    same = d == period and e == cend and sp == prev
+    if d ~= period and cost > 0 and (curr > 0 or prev > 0) then
+      -- counted under another period: rewrite the record under this one
+      local gone = sw_gone(cend - period, period)
+      if curr > 0 then gone = sw_gone(cend, period) end
+      redis.call('HSET', key, 'e', sw_int(cend), 'c', sw_int(curr), 'p', sw_int(prev), 'd', sw_int(period))
+      redis.call('PEXPIRE', key, math.ceil((gone - now) / 1000))
+    end
   end
 
   local est = sw_estimate(prev, curr, elapsed, period)
   if est + cost > limit then
     local remaining = math.floor(limit - est)
     if remaining < 0 then remaining = 0 end
+    local reset = 0
+    if curr > 0 then
+      reset = sw_gone(cend, period) - now
+    elseif prev > 0 then
+      reset = we - now
+    end
     local retry = -1
     if cost <= limit then
-      local e = sw_earliest(prev, curr, elapsed, period, limit, cost)
-      if e >= 0 then
-        retry = e - elapsed
+      -- curr counts as curr until window k1 (k1 = 1 unless carried from a
+      -- longer window), as prev in window k1, and is gone after it.
+      local k1 = math.floor((cend - ws - 1) / period) + 1
+      local f = sw_earliest(prev, curr, elapsed, period, limit, cost)
+      if f >= 0 then
+        retry = f - elapsed
       else
-        e = sw_earliest(curr, 0, 0, period, limit, cost)
-        if e >= 0 then
-          retry = period + e - elapsed
+        f = sw_earliest(curr, 0, 0, period, limit, cost)
+        if f >= 0 then
+          retry = k1 * period + f - elapsed
         else
-          retry = 2 * period - elapsed
+          retry = (k1 + 1) * period - elapsed
         end
       end
     end
-    return 0, remaining, sw_reset(prev, curr, w, period, now), retry, nil
+    return 0, remaining, reset, retry
   end
 
+  local lrem, lreset = math.floor(limit - est), 0
+  if lrem < 0 then lrem = 0 end
+  if curr > 0 then
+    lreset = sw_gone(cend, period) - now
+  elseif prev > 0 then
+    lreset = we - now
+  end
+  if cost == 0 then return 1, lrem, lreset, 0 end
   curr = curr + cost
-  est = sw_estimate(prev, curr, elapsed, period)
-  local remaining = math.floor(limit - est)
+  local remaining = math.floor(limit - sw_estimate(prev, curr, elapsed, period))
   if remaining < 0 then remaining = 0 end
-  local reset = sw_reset(prev, curr, w, period, now)
-  if cost == 0 then
-    return 1, remaining, reset, 0, nil
+  return 1, remaining, sw_gone(cend, period) - now, 0, cend, curr, prev, not same, lrem, lreset
+end
+
+local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)
+  if not whole then
+    -- The record's first commit already set e, p, d and the expiry.
+    redis.call('HSET', key, 'c', sw_int(curr))
+    return
   end
-  return 1, remaining, reset, 0, function()
-    if sw == w then
-      -- The window's first commit already set the expiry to (w+2)*P.
-      redis.call('HSET', key, 'c', sw_int(curr))
-      return
-    end
-    redis.call('HSET', key, 'w', sw_int(w), 'c', sw_int(curr), 'p', sw_int(prev))
-    redis.call('PEXPIRE', key, sw_int(math.ceil(((w + 2) * period - now) / 1000)))
-  end
+  redis.call('HSET', key, 'e', sw_int(e), 'c', sw_int(curr), 'p', sw_int(prev), 'd', sw_int(period))
+  redis.call('PEXPIRE', key, math.ceil((sw_gone(e, period) - now) / 1000))
 end
 
 -- sliding_window_refund gives back cost, which a commit at `at` added to the
--- count of window w = floor(at / P) (see refund.lua): from curr while w is
--- still the stored window, from prev once the next window has taken over.
--- The estimate is linear in the counts, so the refund is exact.
-local function sliding_window_refund(key, now, limit, period, burst, cost, at)
-  local w = math.floor(at / period)
-  local st = redis.call('HMGET', key, 'w', 'c', 'p')
-  local sw = tonumber(st[1])
+-- current count (see refund.lua), from the count that holds it now. The commit
+-- reported reset = sw_gone(E) - at for its window end E, which names the
+-- window of length P that contains E: the count whose window end lies in it
+-- is the commit's, c while the record is the same, p once the next window
+-- has taken over, gone after that. A record rewritten under another period
+-- since is left alone (stricter). The estimate is linear in the counts, so
+-- the refund is exact.
+local function sliding_window_refund(key, now, limit, period, burst, cost, at, rem, reset)
+  local st = redis.call('HMGET', key, 'e', 'c', 'p', 'd')
+  local e = tonumber(st[1])
+  if not e or (tonumber(st[4]) or period) ~= period then return end
   local curr, prev = tonumber(st[2]) or 0, tonumber(st[3]) or 0
-  if sw == w then
+  local m = (at + reset) / period - 2
+  if math.floor((e - 1) / period) == m then
     curr = math.max(curr - cost, 0)
-  elseif sw == w + 1 then
+  elseif math.floor((e - period - 1) / period) == m then
     prev = math.max(prev - cost, 0)
   else
     return
@@ -137,13 +210,13 @@ local function sliding_window_refund(key, now, limit, period, burst, cost, at)
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the
--- multi-rule script (decide.lua) includes the functions above.
+-- multi-rule scripts (lua.go) include the functions above.
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local a, rem, reset, retry, commit = sliding_window(KEYS[1], now,
-  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-if a == 1 and commit then commit() end
+local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local a, rem, reset, retry, w1, w2, w3, w4 = sliding_window(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
+if a == 1 and w1 then sliding_window_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
 return {a, rem, reset, retry}

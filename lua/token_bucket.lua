@@ -1,12 +1,25 @@
 -- token_bucket.lua — a bucket of B tokens refilled at L per P, starting full.
 --
--- KEYS[1]  the rule's key (a hash: tokens = whole tokens at ts, ts = µs)
+-- KEYS[1]  the rule's key (a hash: tokens = whole tokens at ts, ts = µs;
+--          l, p, b = the limit, period (µs) and burst it was written under)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst B   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
 --
 -- Algorithm: tokens_now = min(B, tokens + (now - ts) * L / P); allow iff
 -- tokens_now >= c, then tokens = tokens_now - c. The key expires when full.
+--
+-- Rule changes (a reload or override changes L, P or B under a live key):
+-- the level is brought up to now at the rate it was written under, and what
+-- was used, old B - tokens_now, is taken from the new B (a larger burst adds
+-- its difference, a smaller one removes it, never below 0). Under another
+-- rate the bucket may hold no more than the time it still needed to be full
+-- allows at the new rate either (rounded against the client), and the part
+-- of a token already earned is dropped: the stricter of the two readings is
+-- carried, as gcra does, and the two stay equivalent across changes. The
+-- first decision that costs something writes the converted bucket back, so
+-- it refills at the new rate from then on (until then the store has not
+-- seen the change).
 --
 -- Rounding: a token's refill time T = P/L is kept exactly as q + r/L µs, so the
 -- refill is counted exactly: tokens_now = tokens + k (k whole tokens earned) plus
@@ -23,7 +36,7 @@
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
--- limits/algo_token_bucket.go is the in-memory twin, step for step.
+-- limits/memstore/algo_token_bucket.go is the in-memory twin, step for step.
 --
 -- By hand: redis-cli --eval lua/token_bucket.lua rg:{demo:1.2.3.4}:tb , 0 1 1000000 5 1
 
@@ -67,42 +80,106 @@ local function tb_after(n, ri, rf, q, r, limit)
   return ni - ri
 end
 
+-- tb_level returns the whole tokens a bucket of capacity cap holds at now
+-- when it held tokens at ts and refills one every T = q + r/L µs, and rho =
+-- ri + rf/L, the time already earned towards the next one (0 when full).
+local function tb_level(tokens, ts, now, cap, q, r, limit, period)
+  if tokens >= cap then return cap, 0, 0 end
+  local e = now - ts
+  if e < 0 then e = 0 end
+  local need = cap - tokens
+  local fi, ff = tb_times(need, q, r, limit)
+  if e > fi or (e == fi and ff == 0) then return cap, 0, 0 end
+  local k = tb_count(e, need - 1, q, r, limit, period)
+  local ki, kf = tb_times(k, q, r, limit)
+  if kf > 0 then return tokens + k, e - ki - 1, limit - kf end
+  return tokens + k, e - ki, 0
+end
+
+-- token_bucket returns allowed, remaining, reset, retry and, on an
+-- admission, what token_bucket_put needs: the tokens left, the time they
+-- refer to, the time to a full bucket (the TTL), and whether the record's
+-- l, p and b are to be written; then the remaining and reset a zero-cost
+-- look would report instead.
 local function token_bucket(key, now, limit, period, burst, cost)
   local q = math.floor(period / limit)
   local r = period - q * limit
   -- have = whole tokens now; rho = ri + rf/L µs earned towards the next one
   local have, ri, rf = burst, 0, 0
-  local st = redis.call('HMGET', key, 'tokens', 'ts')
+  local same = false
+  local st = redis.call('HMGET', key, 'tokens', 'ts', 'l', 'p', 'b')
   local tokens, ts = tonumber(st[1]), tonumber(st[2])
   if tokens and ts then
     tokens = math.floor(tokens)
     if tokens < 0 then tokens = 0 end
-    local e = now - ts
-    if e < 0 then e = 0 end
-    if tokens < burst then
-      local need = burst - tokens
-      local fi, ff = tb_times(need, q, r, limit)
-      if e < fi or (e == fi and ff > 0) then
-        local k = tb_count(e, need - 1, q, r, limit, period)
-        local ki, kf = tb_times(k, q, r, limit)
-        have, ri, rf = tokens + k, e - ki, 0
-        if kf > 0 then ri, rf = ri - 1, limit - kf end
+    local sl, sp, sb = tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
+    same = sl == limit and sp == period and sb == burst
+    sl, sp, sb = sl or limit, sp or period, sb or burst
+    if sl == limit and sp == period then
+      have, ri, rf = tb_level(tokens, ts, now, sb, q, r, limit, period)
+      if sb ~= burst then
+        -- another burst, the same rate: carry what was used and rho (its
+        -- sub-µs part dropped, as an admission would); more used than the
+        -- new burst holds is an empty bucket, with nothing earned (gcra's cap)
+        have, rf = have - sb + burst, 0
+        if have < 0 then have, ri = 0, 0 end
+        if have >= burst then have, ri = burst, 0 end
+      end
+    else
+      -- another rate: bring the level up to now at the old one; then the
+      -- time it still needed to be full, in tokens of the new rate rounded
+      -- up (m, with rho = m*T - that time earned), or what was used, in
+      -- whole tokens, whichever leaves less
+      local sq = math.floor(sp / sl)
+      local sr = sp - sq * sl
+      local h, hri, hrf = tb_level(tokens, ts, now, sb, sq, sr, sl, sp)
+      local used = sb - h
+      local full = tb_after(used, hri, hrf, sq, sr, sl)
+      local m = tb_count(full, burst, q, r, limit, period)
+      local mi = tb_times(m, q, r, limit)
+      if mi < full then
+        m = m + 1
+        mi = tb_times(m, q, r, limit)
+      end
+      if used >= m or m > burst then
+        have, ri, rf = burst - used, 0, 0
+        if have < 0 or m > burst then have = 0 end
+      else
+        have, ri, rf = burst - m, mi - full, 0
+      end
+    end
+    if not same and cost > 0 and (sl ~= limit or sp ~= period or sb ~= burst) then
+      if have >= burst then
+        redis.call('DEL', key)
+      else
+        local full = tb_after(burst - have, ri, 0, q, r, limit)
+        redis.call('HSET', key, 'tokens', string.format('%d', have), 'ts', string.format('%d', now - ri),
+          'l', string.format('%d', limit), 'p', string.format('%d', period), 'b', string.format('%d', burst))
+        redis.call('PEXPIRE', key, math.ceil(full / 1000))
+        same = true
       end
     end
   end
   local reset = tb_after(burst - have, ri, rf, q, r, limit)
-  if cost > burst then return 0, have, reset, -1, nil end
-  if cost == 0 then return 1, have, reset, 0, nil end
+  if cost > burst then return 0, have, reset, -1 end
+  if cost == 0 then return 1, have, reset, 0 end
   if have < cost then
-    return 0, have, reset, tb_after(cost - have, ri, rf, q, r, limit), nil
+    return 0, have, reset, tb_after(cost - have, ri, rf, q, r, limit)
   end
   local left = have - cost
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
   local ttl = tb_after(burst - left, ri, 0, q, r, limit)
-  return 1, left, ttl, 0, function()
-    redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', string.format('%d', now - ri))
-    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  return 1, left, ttl, 0, left, now - ri, ttl, not same, have, reset
+end
+
+local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl, rule)
+  if rule then
+    redis.call('HSET', key, 'tokens', string.format('%d', left), 'ts', string.format('%d', ts),
+      'l', string.format('%d', limit), 'p', string.format('%d', period), 'b', string.format('%d', burst))
+  else
+    redis.call('HSET', key, 'tokens', string.format('%d', left), 'ts', string.format('%d', ts))
   end
+  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
 end
 
 -- token_bucket_refund gives back the tokens a commit at `at` took (see
@@ -117,11 +194,14 @@ end
 -- When T is not a whole number of µs the commit itself dropped the sub-µs
 -- part of rho (see the header), which no refund can know: such a bucket ends
 -- up less than 1 µs of refill behind the untouched one per refund (stricter,
--- never looser). With a whole T, or for gcra, the refund is exact.
+-- never looser). With a whole T, or for gcra, the refund is exact. A bucket
+-- written under other numbers since is left alone (stricter).
 local function token_bucket_refund(key, now, limit, period, burst, cost, at, rem, reset)
-  local st = redis.call('HMGET', key, 'tokens', 'ts')
+  local st = redis.call('HMGET', key, 'tokens', 'ts', 'l', 'p', 'b')
   local tokens, ts = tonumber(st[1]), tonumber(st[2])
   if not (tokens and ts) then return end
+  if (tonumber(st[3]) or limit) ~= limit or (tonumber(st[4]) or period) ~= period
+    or (tonumber(st[5]) or burst) ~= burst then return end
   tokens = math.floor(tokens)
   if tokens < 0 then tokens = 0 end
   if tokens >= burst or rem >= burst then return end
@@ -150,18 +230,18 @@ local function token_bucket_refund(key, now, limit, period, burst, cost, at, rem
     redis.call('DEL', key)
     return
   end
-  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens), 'ts', string.format('%d', ts))
+  redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'ts', string.format('%d', ts))
   redis.call('PEXPIRE', key, math.ceil((full - now) / 1000))
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the
--- multi-rule script (decide.lua) includes the functions above.
+-- multi-rule scripts (lua.go) include the functions above.
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local a, rem, reset, retry, commit = token_bucket(KEYS[1], now,
-  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-if a == 1 and commit then commit() end
+local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local a, rem, reset, retry, w1, w2, w3, w4 = token_bucket(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
+if a == 1 and w1 then token_bucket_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
 return {a, rem, reset, retry}

@@ -41,7 +41,7 @@ const staleSkew = 5 * time.Second
 
 // AdaptiveStore keeps the adaptive records where every instance reads them,
 // and the leases that let one instance at a time decide each rule's.
-// limits.RedisAdaptive is the Redis one; MemoryAdaptive keeps both in the
+// redisstore.Adaptive is the Redis one; MemoryAdaptive keeps both in the
 // process.
 type AdaptiveStore interface {
 	// Load returns every record: rule name -> JSON (an AdaptiveRecord).

@@ -20,6 +20,8 @@ import (
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/memstore"
+	"github.com/rategate/rategate/limits/redisstore"
 	"github.com/rategate/rategate/metrics"
 )
 
@@ -122,7 +124,7 @@ type instance struct {
 
 func newInstance(t *testing.T, cfg *config.Config, ovs OverrideStore, ad AdaptiveStore, name string, reader SignalReader) *instance {
 	t.Helper()
-	mem := limits.NewMemoryStore()
+	mem := memstore.New()
 	t.Cleanup(func() { mem.Close() })
 	lim := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules})
 	in := &instance{lim: lim, obs: &ruleInfos{}, log: &logBuffer{}}
@@ -213,9 +215,9 @@ var storePairs = []storePair{
 	}},
 	{"redis", func(t *testing.T) (func() OverrideStore, func() AdaptiveStore) {
 		srv := testredis.Start(t)
-		return func() OverrideStore { return limits.NewRedisOverrides(srv.Client(t), "rg") },
+		return func() OverrideStore { return redisstore.NewOverrides(srv.Client(t), "rg") },
 			func() AdaptiveStore {
-				a, err := limits.NewRedisAdaptive(srv.Client(t), "rg")
+				a, err := redisstore.NewAdaptive(srv.Client(t), "rg")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -576,12 +578,12 @@ func TestAdaptiveTakeover(t *testing.T) {
 	var readers []*countingReader
 	var stops []func()
 	for _, name := range []string{"a", "b"} {
-		ad, err := limits.NewRedisAdaptive(srv.Client(t), "rg")
+		ad, err := redisstore.NewAdaptive(srv.Client(t), "rg")
 		if err != nil {
 			t.Fatal(err)
 		}
 		cr := &countingReader{r: signal.NewReader()}
-		in := newInstance(t, cfg, limits.NewRedisOverrides(srv.Client(t), "rg"), crashed{ad}, name, cr)
+		in := newInstance(t, cfg, redisstore.NewOverrides(srv.Client(t), "rg"), crashed{ad}, name, cr)
 		ins, readers, stops = append(ins, in), append(readers, cr), append(stops, in.run(t))
 	}
 	waitLimit(t, 3*time.Second, 20, ins...)
@@ -630,12 +632,12 @@ func TestAdaptiveStalledLeader(t *testing.T) {
 	var ins []*instance
 	var readers []*countingReader
 	for _, name := range []string{"a", "b"} {
-		ad, err := limits.NewRedisAdaptive(srv.Client(t), "rg")
+		ad, err := redisstore.NewAdaptive(srv.Client(t), "rg")
 		if err != nil {
 			t.Fatal(err)
 		}
 		cr := &countingReader{r: signal.NewReader()}
-		in := newInstance(t, cfg, limits.NewRedisOverrides(srv.Client(t), "rg"), ad, name, cr)
+		in := newInstance(t, cfg, redisstore.NewOverrides(srv.Client(t), "rg"), ad, name, cr)
 		in.run(t)
 		ins, readers = append(ins, in), append(readers, cr)
 	}

@@ -40,11 +40,8 @@ type Manager struct {
 	metrics   Observer
 	log       zerolog.Logger
 	store     OverrideStore
-	clamper   limits.GCRAClamper
 	syncEvery time.Duration
 	now       func() time.Time
-
-	clamps sync.WaitGroup
 
 	mu       sync.Mutex // guards everything below
 	file     []*limits.Rule
@@ -81,10 +78,7 @@ type ManagerOptions struct {
 	// Overrides stores the runtime overrides (the Redis store's, or
 	// MemoryOverrides).
 	Overrides OverrideStore
-	// Clamper, when set, caps the stored state of gcra keys whose rule's
-	// tolerance shrank (the store's ClampGCRA).
-	Clamper limits.GCRAClamper
-	Log     zerolog.Logger
+	Log       zerolog.Logger
 	// SyncEvery is the periodic re-read of the overrides (DefaultSyncEvery).
 	SyncEvery time.Duration
 	// Adaptive configures the adaptive limits (adaptive.go); RunAdaptive
@@ -101,7 +95,6 @@ func NewManager(opts ManagerOptions) *Manager {
 		metrics:   opts.Metrics,
 		log:       opts.Log,
 		store:     opts.Overrides,
-		clamper:   opts.Clamper,
 		syncEvery: opts.SyncEvery,
 		now:       time.Now,
 		file:      opts.Config.Rules,
@@ -287,56 +280,12 @@ func (m *Manager) apply() {
 			view.Orphans[name] = o
 		}
 	}
-	prev := m.limiter.Rules()
 	m.limiter.SetRules(eff)
-	m.clampShrunk(prev, eff)
 	if m.metrics != nil {
 		m.metrics.SetRules(infos)
 	}
 	m.view.Store(view)
 }
-
-// clampShrunk caps the stored TATs of every gcra rule whose tolerance
-// shrank (see limits.ClampGCRA), in the background: a SCAN of the rule's
-// keys must not hold up the swap. Until it is done a request may still see
-// the old TAT and be limited a little longer than the new rule says.
-func (m *Manager) clampShrunk(prev, next []*limits.Rule) {
-	old := make(map[string]*limits.Rule, len(prev))
-	for _, r := range prev {
-		old[r.Name] = r
-	}
-	for _, r := range next {
-		p := old[r.Name]
-		if p == nil || !limits.ToleranceShrank(p, r) {
-			continue
-		}
-		c := m.clamper
-		if c == nil {
-			return
-		}
-		m.clamps.Add(1)
-		go func(r *limits.Rule) {
-			defer m.clamps.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			n, err := c.ClampGCRA(ctx, m.limiter.Prefix(), r)
-			// Capped TATs admit earlier than the denials cached before the
-			// clamp (or during it) said: drop them, even after a partial clamp.
-			if dc := m.limiter.DenyCache(); dc != nil {
-				dc.Clear()
-			}
-			if err != nil {
-				m.log.Warn().Err(err).Str("rule", r.Name).Msg("cannot cap the stored gcra state to the rule's new tolerance; affected identities stay limited up to the old tolerance")
-				return
-			}
-			m.log.Info().Str("rule", r.Name).Int("keys", n).Int64("tolerance_us", limits.GCRATolerance(r)).
-				Msg("gcra tolerance shrank: capped the stored state of the rule's keys")
-		}(r)
-	}
-}
-
-// WaitClamps waits for the background clamps started so far. Tests only.
-func (m *Manager) WaitClamps() { m.clamps.Wait() }
 
 // OverrideCount returns how many runtime overrides are in force.
 func (m *Manager) OverrideCount() int {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/lua"
 )
 
@@ -37,7 +38,7 @@ func loadCeilingScript(ctx context.Context, rdb *redis.Client) (string, error) {
 // the hot-key rule on one key, Redis's clock (ARGV[1] = 0).
 func ceilingCommand(sha string) []string {
 	return []string{"evalsha", sha, "1", ceilingKey, "0",
-		strconv.Itoa(lua.Code("fixed_window")), ceilingLimit, ceilingPeriodUS, ceilingLimit, "1", "0"}
+		strconv.Itoa(limits.FixedWindow.Code()), ceilingLimit, ceilingPeriodUS, ceilingLimit, "1", "0"}
 }
 
 // parseRedisBenchmark reads redis-benchmark --csv output: a header line and

@@ -1,6 +1,0 @@
-//go:build !race
-
-package limits
-
-// raceOn is true when the tests run with -race.
-const raceOn = false

@@ -1,0 +1,93 @@
+package memstore
+
+import (
+	"sort"
+
+	"github.com/rategate/rategate/limits"
+)
+
+// slidingLog is the twin of lua/sliding_log.lua: the exact log of the
+// requests admitted in the window (now-P, now]. Allow iff the costs still in
+// the window plus c fit in L; then append {now, c}.
+//
+// The log is kept in admission order, which is time order (an entry is timed
+// max(now, newest)), and every entry carries the running total k of the
+// costs admitted up to and including it, as the Redis members do. So the
+// window's sum is k(newest) - (k(oldest) - cost(oldest)), the oldest entry in
+// the window is found by binary search, and so is a denial's retry: the
+// first entry whose k reaches k(oldest) - cost(oldest) + need. Entries that
+// have left are dropped by admissions only, as in the script, so both stores
+// hold the same entries whatever the verdicts.
+//
+// st.log aliases the stored state, so it is only read: an admission appends
+// to the slice of the live entries, which at most writes past the stored
+// length, where nothing reads; a request that is then denied by another rule
+// leaves the stored log exactly as it was.
+func slidingLog(st *state, now int64, c *limits.Check, solo bool) outcome {
+	var log []logEntry
+	if st.expireUS > now {
+		log = st.log
+	}
+	cut := now - c.PeriodUS
+	i := sort.Search(len(log), func(j int) bool { return log[j].at > cut })
+	live := log[i:]
+	var used, base, lastk, last int64
+	if len(live) > 0 {
+		base = live[0].k - live[0].cost
+		newest := log[len(log)-1]
+		lastk, last = newest.k, newest.at
+		used = lastk - base
+	}
+	norm := false
+	// keep is sl_keep: the key lives until its newest entry leaves this
+	// rule's window, if it would expire earlier (a longer period).
+	keep := func() {
+		if exp := last + c.PeriodUS; st.expireUS < exp {
+			st.expireUS = exp
+			norm = true
+		}
+	}
+
+	if used+c.Cost > c.Limit {
+		r := limits.Result{Remaining: max(c.Limit-used, 0), RetryUS: limits.NeverFits}
+		if len(live) > 0 {
+			r.ResetUS = last + c.PeriodUS - now
+		}
+		if c.Cost <= c.Limit {
+			// 1 <= need <= used because cost <= limit, so the entry exists.
+			need := used + c.Cost - c.Limit
+			j := sort.Search(len(live), func(j int) bool { return live[j].k-base >= need })
+			r.RetryUS = live[j].at + c.PeriodUS - now
+		}
+		if c.Cost > 0 && len(live) > 0 {
+			keep()
+		}
+		return outcome{r: r, normalized: norm}
+	}
+
+	if c.Cost == 0 {
+		r := limits.Result{Allowed: true, Remaining: c.Limit - used}
+		if len(live) > 0 {
+			r.ResetUS = last + c.PeriodUS - now
+		}
+		return outcome{r: r}
+	}
+	if len(live) > 0 && !solo {
+		keep()
+	}
+	// After a clock step back the newest entry can be later than now.
+	at := now
+	if len(live) > 0 && last > now {
+		at = last
+	}
+	reset := at + c.PeriodUS - now
+	entry := logEntry{at: at, cost: c.Cost, k: lastk + c.Cost}
+	next := state{expireUS: at + c.PeriodUS, log: []logEntry{entry}}
+	if len(live) > 0 {
+		next.log = append(live, entry)
+	}
+	r := limits.Result{Allowed: true, Remaining: c.Limit - used - c.Cost, ResetUS: reset}
+	return outcome{r: r, next: next, commit: true, normalized: norm}
+}
+
+func init() { algos[limits.SlidingLog] = slidingLog }

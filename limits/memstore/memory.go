@@ -1,0 +1,272 @@
+// Package memstore is the in-process store: every algorithm as a Go twin
+// of its Lua script (algo*.go), operation for operation, so one timeline
+// gives the same decisions here and on Redis. It serves `go run .` without
+// Redis, the limiter's local fallback, and the tests that compare stores.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+)
+
+// memShards is the number of independently locked maps. A decision locks
+// only the shards its keys live in, in ascending order, so concurrent
+// decisions on unrelated keys rarely contend and never deadlock.
+const memShards = 64
+
+// Store is the embedded store: the same algorithms and the same
+// all-or-nothing batches as Redis, for one process. Keys expire like their
+// Redis twins and a janitor removes expired keys, so memory is bounded by the
+// number of keys active within their TTL, not by how many were ever seen.
+type Store struct {
+	seed   maphash.Seed
+	shards [memShards]memShard
+	now    func() int64
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+type memShard struct {
+	mu sync.Mutex
+	m  map[string]*state
+}
+
+// New returns an in-memory store whose janitor sweeps expired
+// keys every second until Close.
+func New() *Store {
+	return NewSweeping(time.Second)
+}
+
+func NewSweeping(sweep time.Duration) *Store {
+	s := &Store{
+		seed: maphash.MakeSeed(),
+		now:  func() int64 { return time.Now().UnixMicro() },
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*state)
+	}
+	go s.janitor(sweep)
+	return s
+}
+
+// Name implements Store.
+func (s *Store) Name() string { return "memory" }
+
+// Ping implements Store; the memory store always answers.
+func (s *Store) Ping(context.Context) error { return nil }
+
+// Close stops the janitor.
+func (s *Store) Close() error {
+	s.once.Do(func() { close(s.stop); <-s.done })
+	return nil
+}
+
+// Len returns the number of stored keys, expired ones not yet swept included.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// TTL returns how long key has left to live, and false when it is absent.
+// It exists for tests and the admin API.
+func (s *Store) TTL(key string) (time.Duration, bool) {
+	sh := &s.shards[s.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st, ok := sh.m[key]
+	now := s.now()
+	if !ok || st.expireUS <= now {
+		return 0, false
+	}
+	return time.Duration(st.expireUS-now) * time.Microsecond, true
+}
+
+// HoldsAt reports whether key is stored and unexpired at nowUS on the
+// store's clock: TTL for a timeline on a test's own clock. Tests only.
+func (s *Store) HoldsAt(key string, nowUS int64) bool {
+	sh := &s.shards[s.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.m[key]
+	return st != nil && st.expireUS > nowUS
+}
+
+func (s *Store) shardOf(key string) int {
+	return int(maphash.String(s.seed, key) % memShards)
+}
+
+func (s *Store) janitor(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.sweep(s.now())
+		}
+	}
+}
+
+// sweep removes expired keys, one shard at a time so no lock is held long.
+func (s *Store) sweep(now int64) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, st := range sh.m {
+			if st.expireUS <= now {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Decide implements Store.
+func (s *Store) Decide(_ context.Context, b *limits.Batch, results []limits.Result) (bool, error) {
+	n := len(b.Checks)
+	if len(results) < n {
+		return false, limits.ErrShortResults
+	}
+	for i := range b.Checks {
+		if algos[b.Checks[i].Algorithm] == nil {
+			return false, fmt.Errorf("memory store: algorithm %q not implemented", b.Checks[i].Algorithm)
+		}
+	}
+	var idx [8]int
+	shards := idx[:0]
+	for i := range b.Checks {
+		shards = append(shards, s.shardOf(b.Checks[i].Key))
+	}
+	sort.Ints(shards)
+	for i, sh := range shards {
+		if i == 0 || sh != shards[i-1] {
+			s.shards[sh].mu.Lock()
+		}
+	}
+	defer func() {
+		for i, sh := range shards {
+			if i == 0 || sh != shards[i-1] {
+				s.shards[sh].mu.Unlock()
+			}
+		}
+	}()
+
+	now := b.NowUS
+	if now == 0 {
+		now = s.now()
+	}
+	// What each check would write if admitted, and the records it rewrote
+	// while deciding (written whatever the verdict, as the scripts do).
+	var nextBuf, normBuf [8]state
+	var commitBuf, normedBuf [8]bool
+	next, norm := nextBuf[:0], normBuf[:0]
+	commit, normed := commitBuf[:0], normedBuf[:0]
+	admitted := true
+	solo := n == 1
+	for i := range b.Checks {
+		c := &b.Checks[i]
+		st := s.load(c.Key, now)
+		out := algos[c.Algorithm](&st, now, c, solo)
+		results[i] = out.r
+		next = append(next, out.next)
+		commit = append(commit, out.commit && out.r.Allowed && c.Cost > 0)
+		norm = append(norm, st)
+		normed = append(normed, out.normalized)
+		if !out.r.Allowed && !c.Shadow {
+			admitted = false
+		}
+	}
+	for i := range b.Checks {
+		switch {
+		case admitted && commit[i]:
+			s.put(b.Checks[i].Key, next[i])
+		case normed[i]:
+			s.put(b.Checks[i].Key, norm[i])
+		}
+	}
+	if !admitted {
+		// Nothing is consumed: report every rule's quota as it stands.
+		for i := range b.Checks {
+			if results[i].Allowed {
+				results[i] = s.peekLocked(&b.Checks[i], now)
+			}
+		}
+		return false, nil
+	}
+	return true, nil
+}
+
+// load returns a copy of key's state, or the zero state when absent or expired.
+func (s *Store) load(key string, now int64) state {
+	st := s.shards[s.shardOf(key)].m[key]
+	if st == nil || st.expireUS <= now {
+		return state{}
+	}
+	return *st
+}
+
+// put stores st under key; a zero state deletes the key.
+func (s *Store) put(key string, st state) {
+	sh := &s.shards[s.shardOf(key)]
+	if st.expireUS == 0 {
+		delete(sh.m, key)
+		return
+	}
+	if p := sh.m[key]; p != nil {
+		*p = st
+		return
+	}
+	sh.m[key] = &st
+}
+
+func (s *Store) peekLocked(c *limits.Check, now int64) limits.Result {
+	st := s.load(c.Key, now)
+	pc := *c
+	pc.Cost = 0
+	return algos[c.Algorithm](&st, now, &pc, true).r
+}
+
+// Peek implements Store.
+func (s *Store) Peek(_ context.Context, c limits.Check) (limits.Result, error) {
+	return s.PeekAt(c, 0)
+}
+
+// PeekAt is Peek with the clock replaced by nowUS when non-zero. Tests only.
+func (s *Store) PeekAt(c limits.Check, nowUS int64) (limits.Result, error) {
+	if algos[c.Algorithm] == nil {
+		return limits.Result{}, fmt.Errorf("memory store: algorithm %q not implemented", c.Algorithm)
+	}
+	sh := &s.shards[s.shardOf(c.Key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if nowUS == 0 {
+		nowUS = s.now()
+	}
+	return s.peekLocked(&c, nowUS), nil
+}
+
+// Reset implements Store.
+func (s *Store) Reset(_ context.Context, c limits.Check) error {
+	sh := &s.shards[s.shardOf(c.Key)]
+	sh.mu.Lock()
+	delete(sh.m, c.Key)
+	sh.mu.Unlock()
+	return nil
+}

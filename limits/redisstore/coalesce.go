@@ -1,0 +1,484 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// This file gathers concurrent decisions into Redis pipelines.
+//
+// Sending one EVALSHA per request and waiting for its reply leaves Redis
+// mostly idle and costs the client a write and a read system call, a pool
+// checkout and a goroutine wake-up per decision. A pipeline carries many
+// EVALSHAs in one write and brings their replies back in one read; Redis
+// still runs each script on its own, atomically, exactly once per decision.
+//
+// How it gathers: callers append to one queue; a fixed number of runners
+// (Pipelines) each take everything queued (up to MaxBatch), send it as one
+// pipeline on one connection and hand every caller its reply. While the
+// runners are busy the queue fills, so the batch grows with the load by
+// itself: an idle service sends each decision at once, alone, and a busy
+// one sends as many as arrived during the last round trip. Wait, when set,
+// makes a runner that found fewer than MaxBatch calls linger that long for
+// more before it sends.
+//
+// Deadlines: a caller waits for its reply no longer than its own context
+// allows. A caller still queued when its deadline passes gives up without
+// being sent. A call abandoned after it was sent may still be run by
+// Redis; so the runner keeps waiting for its reply a little longer than
+// any caller (the late grace, on top of the latest caller's deadline), and
+// hands a reply that arrives after its caller gave up to the store, which
+// gives back what it committed (a refund): the caller was answered without
+// it, so it must not count. A reply that never comes is an unknown outcome
+// (counted: its units stay consumed until the window passes, never the
+// other way round). A slow pipeline holds one runner; the others go on.
+
+// CoalesceOptions configures how a Redis store gathers decisions into
+// pipelines. The zero value of a field means its default.
+type CoalesceOptions struct {
+	// Disabled sends one EVALSHA per decision, each on its own connection.
+	Disabled bool
+	// Pipelines is how many pipelines may be in flight at once, each on its
+	// own connection; on Redis Cluster each pipeline is split into one per
+	// node. Default DefaultPipelines.
+	Pipelines int
+	// MaxBatch is the most decisions one pipeline carries. Default
+	// DefaultMaxBatch.
+	MaxBatch int
+	// Wait is how long a runner that found fewer than MaxBatch decisions
+	// waits for more before sending. Default 0: send what is there.
+	Wait time.Duration
+	// Timeout bounds a pipeline whose callers set no deadline. Default
+	// DefaultCoalesceTimeout.
+	Timeout time.Duration
+	// LateGrace is how long a runner waits for replies past the latest
+	// caller's deadline, so that a commit whose caller gave up can be
+	// given back. Default DefaultLateGrace.
+	LateGrace time.Duration
+	// Budget is a decision's deadline (redis.timeout); a cluster primary's
+	// breaker probes with it. Default DefaultBudget.
+	Budget time.Duration
+}
+
+// Defaults of CoalesceOptions, chosen with make bench (README, Performance).
+const (
+	DefaultPipelines       = 4
+	DefaultMaxBatch        = 128
+	DefaultCoalesceTimeout = 3 * time.Second
+	DefaultLateGrace       = 2 * time.Second
+	DefaultBudget          = 50 * time.Millisecond
+)
+
+func (o CoalesceOptions) withDefaults() CoalesceOptions {
+	if o.Pipelines <= 0 {
+		o.Pipelines = DefaultPipelines
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultCoalesceTimeout
+	}
+	if o.LateGrace <= 0 {
+		o.LateGrace = DefaultLateGrace
+	}
+	if o.Budget <= 0 {
+		o.Budget = DefaultBudget
+	}
+	if o.Disabled {
+		// One script run per round trip, each on its own connection, as
+		// many at once as the pool allows (Open sets Pipelines to
+		// the pool size): the same runners, late replies and refunds as
+		// with coalescing, none of the sharing.
+		o.MaxBatch = 1
+		if o.Pipelines == DefaultPipelines {
+			o.Pipelines = 10 * runtime.GOMAXPROCS(0)
+		}
+	}
+	return o
+}
+
+// errCoalescerClosed answers calls made after the store was closed.
+var errCoalescerClosed = errors.New("redis store closed")
+
+// scriptCall is one script execution: its keys and arguments, filled by the
+// caller, and its reply, filled by a runner. Calls are pooled; the keys and
+// args buffers belong to the call. Whoever ends with the call releases it:
+// the caller once it received the reply, or the runner when the caller gave
+// up first (state abandoned) — then the runner hands the reply to the
+// store's late handler and releases the call itself.
+type scriptCall struct {
+	ctx context.Context
+	// deadline is ctx's, copied when the call is made: a runner may hold
+	// the call after its caller gave up, when ctx may already serve another
+	// request (the handler reuses its contexts).
+	deadline    time.Time
+	hasDeadline bool
+	keys        []string
+	args        []any
+
+	reply any
+	err   error
+	done  chan struct{} // one send per use, by the runner
+	state atomic.Int32  // callPending, callAbandoned, callDelivered
+}
+
+// The states of a call: a pending call ends delivered (the caller has the
+// reply) or abandoned (the caller gave up; the runner owns the call).
+const (
+	callPending int32 = iota
+	callAbandoned
+	callDelivered
+)
+
+var callPool = sync.Pool{New: func() any { return &scriptCall{done: make(chan struct{}, 1)} }}
+
+// newCall returns an empty call for ctx.
+func newCall(ctx context.Context) *scriptCall {
+	c := callPool.Get().(*scriptCall)
+	c.ctx = ctx
+	c.deadline, c.hasDeadline = ctx.Deadline()
+	c.state.Store(callPending)
+	return c
+}
+
+// rearm makes a call that was delivered an error (a redirect: Redis did not
+// run it) ready to be sent again.
+func (c *scriptCall) rearm() {
+	c.reply, c.err = nil, nil
+	c.state.Store(callPending)
+}
+
+// release returns a finished call to the pool. Only the caller releases,
+// and only after it received the reply.
+func (c *scriptCall) release() {
+	clear(c.keys)
+	clear(c.args)
+	c.keys, c.args = c.keys[:0], c.args[:0]
+	c.ctx, c.reply, c.err = nil, nil, nil
+	c.deadline, c.hasDeadline = time.Time{}, false
+	if cap(c.keys) > 256 || cap(c.args) > 2048 {
+		return
+	}
+	callPool.Put(c)
+}
+
+// expiredAt returns why the call's caller has given up by now, or nil.
+// The copied deadline catches a call abandoned on a context that another
+// request reuses by now; ctx.Err catches a cancelled one. (Skipping an
+// abandoned call is always right; only sending it would be wrong.)
+func (c *scriptCall) expiredAt(now time.Time) error {
+	if c.hasDeadline && !now.Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return c.ctx.Err()
+}
+
+// finish hands the reply to the caller. It reports false when the caller
+// gave up first: the runner then owns the call.
+func (c *scriptCall) finish(reply any, err error) bool {
+	c.reply, c.err = reply, err
+	if c.state.CompareAndSwap(callPending, callDelivered) {
+		c.done <- struct{}{}
+		return true
+	}
+	return false
+}
+
+// wait blocks until the call's reply or its context's end. On the latter
+// the call is abandoned: the caller must not touch or release it.
+func (c *scriptCall) wait() (any, error, bool) {
+	select {
+	case <-c.done:
+		return c.reply, c.err, true
+	case <-c.ctx.Done():
+		if c.state.CompareAndSwap(callPending, callAbandoned) {
+			return nil, c.ctx.Err(), false
+		}
+		// Delivered at the same moment: a reply that arrived is a
+		// decision Redis made (and, if admitted, committed), so it wins
+		// over the deadline.
+		<-c.done
+		return c.reply, c.err, true
+	}
+}
+
+// pipeliner is what the coalescer needs from a go-redis client.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// coalescer runs the store's decide script for many callers per pipeline,
+// on one server (one per primary on a cluster).
+type coalescer struct {
+	client pipeliner
+	script *redis.Script
+	opt    CoalesceOptions
+	// parent ends with the store: pipelines in flight give up at Close.
+	parent context.Context
+	// late is handed every reply (or error) whose caller gave up, and the
+	// call with it; it must not keep the call.
+	late func(call *scriptCall, reply any, err error)
+
+	mu     sync.Mutex
+	queue  []*scriptCall
+	closed bool
+	// ready holds a token while the queue may be non-empty: enqueue puts
+	// one, a runner that leaves calls behind puts it back.
+	ready chan struct{}
+	stop  chan struct{}
+	wg    sync.WaitGroup
+
+	pipelines atomic.Uint64 // pipelines sent
+	sent      atomic.Uint64 // calls sent in them
+	expired   atomic.Uint64 // calls whose caller gave up before they were sent
+	taken     atomic.Uint64 // calls runners took from the queue
+}
+
+// CoalesceStats counts what the pipelines carried.
+type CoalesceStats struct {
+	// Pipelines is the number of pipelines sent; Calls the script runs
+	// they carried (Calls/Pipelines is the mean batch). Expired counts the
+	// calls not sent because their deadline had passed in the queue.
+	Pipelines, Calls, Expired uint64
+}
+
+// Coalescing returns the pipeline counts (summed over the primaries of a
+// cluster), and false when the store does not coalesce.
+func (s *Store) Coalescing() (CoalesceStats, bool) {
+	var st CoalesceStats
+	add := func(c *coalescer) {
+		st.Pipelines += c.pipelines.Load()
+		st.Calls += c.sent.Load()
+		st.Expired += c.expired.Load()
+	}
+	if s.co != nil {
+		add(s.co)
+	}
+	if s.nodes != nil {
+		for _, nd := range s.nodes.all() {
+			add(nd.co)
+		}
+	}
+	return st, !s.coOpt.Disabled
+}
+
+func newCoalescer(parent context.Context, client pipeliner, script *redis.Script, o CoalesceOptions,
+	late func(call *scriptCall, reply any, err error)) *coalescer {
+	o = o.withDefaults()
+	c := &coalescer{
+		client: client,
+		script: script,
+		opt:    o,
+		parent: parent,
+		late:   late,
+		queue:  make([]*scriptCall, 0, o.MaxBatch),
+		ready:  make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+	c.wg.Add(o.Pipelines)
+	for range o.Pipelines {
+		go c.run()
+	}
+	return c
+}
+
+// do runs call's script and returns its reply. owned reports whether the
+// caller still owns call (and must release it): false when its context
+// ended first and the runner took it over.
+func (c *coalescer) do(call *scriptCall) (reply any, err error, owned bool) {
+	if !c.enqueue(call) {
+		return nil, errCoalescerClosed, true
+	}
+	return call.wait()
+}
+
+// enqueue queues call for the next pipeline; false once closed.
+func (c *coalescer) enqueue(call *scriptCall) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.queue = append(c.queue, call)
+	c.mu.Unlock()
+	select {
+	case c.ready <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// run is one runner: take a batch, send it, repeat until closed.
+func (c *coalescer) run() {
+	defer c.wg.Done()
+	pipe := c.client.Pipeline()
+	batch := make([]*scriptCall, 0, c.opt.MaxBatch)
+	cmds := make([]*redis.Cmd, 0, c.opt.MaxBatch)
+	var linger *time.Timer
+	if c.opt.Wait > 0 {
+		linger = time.NewTimer(time.Hour)
+		linger.Stop()
+	}
+	for {
+		select {
+		case <-c.ready:
+		case <-c.stop:
+			return
+		}
+		batch = c.take(batch[:0])
+		if linger != nil && len(batch) > 0 && len(batch) < c.opt.MaxBatch {
+			linger.Reset(c.opt.Wait)
+			select {
+			case <-linger.C:
+			case <-c.stop:
+				linger.Stop()
+			}
+			batch = c.take(batch)
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		cmds = c.send(pipe, batch, cmds[:0])
+		clear(batch)
+		clear(cmds)
+	}
+}
+
+// take moves queued calls into batch, up to MaxBatch in all, and passes
+// the ready token on if some are left for another runner.
+func (c *coalescer) take(batch []*scriptCall) []*scriptCall {
+	c.mu.Lock()
+	n := min(len(c.queue), c.opt.MaxBatch-len(batch))
+	batch = append(batch, c.queue[:n]...)
+	rest := copy(c.queue, c.queue[n:])
+	clear(c.queue[rest:])
+	c.queue = c.queue[:rest]
+	c.mu.Unlock()
+	c.taken.Add(uint64(n))
+	if rest > 0 {
+		select {
+		case c.ready <- struct{}{}:
+		default:
+		}
+	}
+	return batch
+}
+
+// send runs batch as one pipeline and finishes every call in it. A call
+// whose caller already gave up is not sent.
+func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redis.Cmd) []*redis.Cmd {
+	var deadline time.Time
+	now := time.Now()
+	live := batch[:0]
+	for _, call := range batch {
+		if err := call.expiredAt(now); err != nil {
+			c.expired.Add(1)
+			if !call.finish(nil, err) {
+				call.release() // abandoned before it was sent: nothing ran
+			}
+			continue
+		}
+		d := call.deadline
+		if !call.hasDeadline {
+			d = now.Add(c.opt.Timeout)
+		}
+		if d.After(deadline) {
+			deadline = d
+		}
+		live = append(live, call)
+	}
+	if len(live) == 0 {
+		return cmds
+	}
+	// Past the latest caller's deadline the runner keeps waiting, for
+	// LateGrace: a reply that comes late is a commit to give back.
+	ctx, cancel := context.WithDeadline(c.parent, deadline.Add(c.opt.LateGrace))
+	defer cancel()
+	for _, call := range live {
+		cmds = append(cmds, c.script.EvalSha(ctx, pipe, call.keys, call.args...))
+	}
+	_, _ = pipe.Exec(ctx)
+	c.pipelines.Add(1)
+	c.sent.Add(uint64(len(live)))
+
+	// A server without the script (restarted, failed over, flushed)
+	// answers NOSCRIPT; EVAL sends the source, which also caches it.
+	// Two things may be sent again, because Redis never ran them: a
+	// script a server lacks (restarted, failed over, flushed) answers
+	// NOSCRIPT, and EVAL sends the source, which also caches it; and a
+	// pipeline that could not even be written (no connection could be
+	// dialed: a Sentinel primary just switched) is tried once more.
+	for attempt := 0; attempt < 2; attempt++ {
+		retry := false
+		for i, cmd := range cmds {
+			switch err := cmd.Err(); {
+			case isNoScript(err):
+				cmds[i] = c.script.Eval(ctx, pipe, live[i].keys, live[i].args...)
+				retry = true
+			case attempt == 0 && notSent(err) && ctx.Err() == nil:
+				cmds[i] = c.script.EvalSha(ctx, pipe, live[i].keys, live[i].args...)
+				retry = true
+			}
+		}
+		if !retry {
+			break
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for i, call := range live {
+		reply, err := cmds[i].Result()
+		if !call.finish(reply, err) {
+			if c.late != nil {
+				c.late(call, reply, err)
+			}
+			call.release()
+		}
+	}
+	return cmds
+}
+
+// notSent reports an error that proves the command never left rategate:
+// no connection could be dialed, or none could be had from the pool.
+func notSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// isNoScript reports a NOSCRIPT error reply.
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// close fails the calls still queued and calls made afterwards with
+// errCoalescerClosed, and waits for the runners to finish the pipelines
+// in flight.
+func (c *coalescer) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	left := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	for _, call := range left {
+		if !call.finish(nil, errCoalescerClosed) {
+			call.release()
+		}
+	}
+	close(c.stop)
+	c.wg.Wait()
+}

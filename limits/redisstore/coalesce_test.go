@@ -1,0 +1,262 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/internal/testredis"
+)
+
+// oneCheck is a batch of one fixed_window check of key.
+func oneCheck(key string, limit int64) *limits.Batch {
+	return &limits.Batch{Checks: []limits.Check{{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: 3_600_000_000, Burst: limit, Cost: 1}}}
+}
+
+// waitTaken waits until the runners have taken n calls from the queue.
+func waitTaken(t *testing.T, c *coalescer, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.taken.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("runners took %d calls in 5s, want %d", c.taken.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitQueued waits until exactly n calls are queued.
+func waitQueued(t *testing.T, c *coalescer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c.mu.Lock()
+		q := len(c.queue)
+		c.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued after 5s, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// oneRunnerStore starts a controllable redis-server and a store over it
+// with a single pipeline runner, its script already loaded. The test
+// closes the store when it needs to; otherwise cleanup does.
+func oneRunnerStore(t *testing.T) (*testredis.Controlled, *redis.Client, *Store) {
+	t.Helper()
+	rs := testredis.StartControlled(t)
+	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
+	store, err := New(client, "redis", CoalesceOptions{Pipelines: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := store.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return rs, client, store
+}
+
+// TestCoalescedBatchesWhileBusy: with one pipeline in flight (Redis
+// frozen), the calls that arrive meanwhile leave together in the next
+// pipeline, and every one of them gets its own answer.
+func TestCoalescedBatchesWhileBusy(t *testing.T) {
+	rs, _, store := oneRunnerStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	rs.Freeze()
+	first := make(chan error, 1)
+	go func() {
+		var r [1]limits.Result
+		_, err := store.Decide(ctx, oneCheck("co:{first}:fw", 10), r[:])
+		first <- err
+	}()
+	waitTaken(t, store.co, 1) // the only runner holds the first call
+
+	const n = 50
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var r [1]limits.Result
+			// Keys alternate between two counters of limit 20: exactly 20
+			// of the 25 calls on each are admitted.
+			ok, err := store.Decide(ctx, oneCheck([]string{"co:{a}:fw", "co:{b}:fw"}[i%2], 20), r[:])
+			if err != nil {
+				errs <- err
+				return
+			}
+			if ok {
+				admitted.Add(1)
+			}
+		}()
+	}
+	waitQueued(t, store.co, n) // all of them, before Redis thaws
+	rs.Thaw()
+	if err := <-first; err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("queued call: %v", err)
+	}
+	if got := admitted.Load(); got != 40 {
+		t.Fatalf("admitted %d, want 40 (20 per counter)", got)
+	}
+	st, _ := store.Coalescing()
+	if st.Pipelines != 2 || st.Calls != n+1 {
+		t.Fatalf("stats %+v, want 2 pipelines carrying %d calls", st, n+1)
+	}
+}
+
+// TestCoalescedDeadlines: a frozen Redis holds the only runner, yet every
+// caller is answered (with an error) by its own deadline, calls whose
+// deadline passed in the queue are never sent, and once Redis is back the
+// next call is decided normally.
+func TestCoalescedDeadlines(t *testing.T) {
+	rs, client, store := oneRunnerStore(t)
+
+	rs.Freeze()
+	defer rs.Thaw()
+	// The first call takes the runner for 400 ms; the second, queued behind
+	// it with a 100 ms budget, must fail after ~100 ms, not ~500 ms.
+	slow := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+		defer cancel()
+		var r [1]limits.Result
+		_, err := store.Decide(ctx, oneCheck("co:{slow}:fw", 10), r[:])
+		slow <- err
+	}()
+	waitTaken(t, store.co, 1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	start := time.Now()
+	var r [1]limits.Result
+	_, err := store.Decide(ctx, oneCheck("co:{queued}:fw", 10), r[:])
+	took := time.Since(start)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued call: err %v, want deadline exceeded", err)
+	}
+	if took < 100*time.Millisecond || took > 300*time.Millisecond {
+		t.Fatalf("queued call answered after %v, want its own 100 ms budget", took)
+	}
+	if err := <-slow; err == nil {
+		t.Fatal("slow call against a frozen Redis succeeded")
+	}
+
+	rs.Thaw()
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ok, err := store.Decide(ctx, oneCheck("co:{after}:fw", 10), r[:]); err != nil || !ok {
+		t.Fatalf("after thaw: admitted %v, err %v", ok, err)
+	}
+	st, _ := store.Coalescing()
+	if st.Expired != 1 {
+		t.Fatalf("stats %+v: want the queued call expired unsent", st)
+	}
+	// Nothing was written for the call that expired in the queue.
+	if n, err := client.Exists(ctx, "co:{queued}:fw").Result(); err != nil || n != 0 {
+		t.Fatalf("expired call's key exists: %d, %v", n, err)
+	}
+}
+
+// TestCoalescedNoScript: after SCRIPT FLUSH (a restart, a failover) the
+// pipelined EVALSHAs answer NOSCRIPT and are sent again as EVAL.
+func TestCoalescedNoScript(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	store, err := New(client, "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for round := range 3 {
+		if err := client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var admitted atomic.Int64
+		for range 30 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var r [1]limits.Result
+				ok, err := store.Decide(ctx, oneCheck("co:{noscript}:fw", 1000), r[:])
+				if err != nil {
+					t.Errorf("round %d: %v", round, err)
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if admitted.Load() != 30 {
+			t.Fatalf("round %d: admitted %d of 30", round, admitted.Load())
+		}
+	}
+	r, err := store.Peek(ctx, oneCheck("co:{noscript}:fw", 1000).Checks[0])
+	if err != nil || r.Remaining != 910 {
+		t.Fatalf("after 90 admitted: remaining %d, err %v; want 910", r.Remaining, err)
+	}
+}
+
+// TestCoalescedClose: Close fails what is still queued, returns although
+// Redis is frozen mid-pipeline no later than that pipeline's deadline plus
+// the late grace (its runner waits that long for a reply to give back),
+// and later calls fail at once.
+func TestCoalescedClose(t *testing.T) {
+	rs, _, store := oneRunnerStore(t)
+	rs.Freeze()
+	defer rs.Thaw()
+	results := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			var r [1]limits.Result
+			_, err := store.Decide(ctx, oneCheck("co:{close}:fw", 10), r[:])
+			results <- err
+		}()
+		if i == 0 {
+			waitTaken(t, store.co, 1)
+		}
+	}
+	waitQueued(t, store.co, 1)
+	start := time.Now()
+	store.Close()
+	if took := time.Since(start); took > 300*time.Millisecond+DefaultLateGrace+time.Second {
+		t.Fatalf("Close took %v", took)
+	}
+	for range 2 {
+		if err := <-results; err == nil {
+			t.Fatal("a call in flight at Close succeeded against a frozen Redis")
+		}
+	}
+	var r [1]limits.Result
+	if _, err := store.Decide(context.Background(), oneCheck("co:{late}:fw", 10), r[:]); !errors.Is(err, errCoalescerClosed) {
+		t.Fatalf("call after Close: %v, want %v", err, errCoalescerClosed)
+	}
+}

@@ -37,7 +37,7 @@ const (
 const cliUsageText = `usage: rategate admin [-addr HOST:PORT] [-token TOKEN] [-config FILE] [-json] COMMAND [ARGS]
 
 Commands:
-  rules                                  the rules in force: file values, override, effective values
+  rules                                  the rules in force: file values, override, effective values, adaptive factor
   override RULE [limit=N] [period=D] [burst=N] [factor=F] [reason=TEXT] [ttl=D]
                                          change a rule at run time (every instance, within 1s)
   override RULE clear                    delete the override: the file's values apply again
@@ -238,7 +238,12 @@ func (c *client) rules(args []string) int {
 	}
 	fmt.Fprintf(c.out, "source: %s (loaded %s); overrides kept %s\n\n", v.Source, v.LoadedAt.Local().Format(time.RFC3339), scope)
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RULE\tALGORITHM\tKEY\tFILE\tOVERRIDE\tEFFECTIVE\tSHADOW")
+	anyAdaptive := slices.ContainsFunc(v.Rules, func(r policy.RuleView) bool { return r.Adaptive != nil })
+	head := "RULE\tALGORITHM\tKEY\tFILE\tOVERRIDE\tEFFECTIVE\tSHADOW"
+	if anyAdaptive {
+		head += "\tADAPTIVE"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range v.Rules {
 		key := strings.Join(r.Key, ",")
 		if key == "" {
@@ -251,8 +256,12 @@ func (c *client) rules(args []string) int {
 		if r.OverrideError != "" {
 			ov += " [" + r.OverrideError + "]"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Algorithm, key,
+		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Name, r.Algorithm, key,
 			describeValues(r.File, r.Algorithm), ov, describeValues(r.Effective, r.Algorithm), yesNo(r.Shadow))
+		if anyAdaptive {
+			row += "\t" + describeAdaptive(r.Adaptive)
+		}
+		fmt.Fprintln(tw, row)
 	}
 	tw.Flush()
 	if len(v.Orphans) > 0 {
@@ -264,6 +273,37 @@ func (c *client) rules(args []string) int {
 		fmt.Fprintf(c.out, "\noverrides for rules not in the file (kept; applied if the rule returns): %s\n", strings.Join(names, ", "))
 	}
 	return cliOK
+}
+
+// describeAdaptive is a rule's ADAPTIVE cell: the factor, the signal it
+// was decided from, the instance that decided it, and why it is not in
+// force when it is not: "x1.5 signal=42 by web-1-...-3fa2 (this instance)".
+func describeAdaptive(a *policy.AdaptiveView) string {
+	if a == nil {
+		return "-"
+	}
+	parts := []string{"x" + strconv.FormatFloat(a.Factor, 'g', -1, 64)}
+	if a.Signal != nil {
+		parts = append(parts, "signal="+strconv.FormatFloat(*a.Signal, 'g', 6, 64))
+	}
+	if a.SetBy != "" {
+		by := "by " + a.SetBy
+		if a.Leader {
+			by += " (this instance)"
+		}
+		parts = append(parts, by)
+	}
+	if a.Error != "" {
+		since := ""
+		if a.FailingSince != nil {
+			since = " since " + a.FailingSince.Local().Format("15:04:05")
+		}
+		parts = append(parts, "[signal failing"+since+": "+a.Error+"]")
+	}
+	if !a.Applied && a.NotApplied != "" {
+		parts = append(parts, "[not applied: "+a.NotApplied+"]")
+	}
+	return strings.Join(parts, " ")
 }
 
 func describeValues(v policy.Values, alg string) string {

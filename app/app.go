@@ -108,6 +108,12 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	store, rs := opened.Store, opened.redis
 	a.store, a.redis = store, rs
+	adaptiveOpts, err := adaptiveOptions(rs, cfg.Redis.KeyPrefix)
+	if err != nil {
+		a.stopBG()
+		store.Close()
+		return nil, err
+	}
 
 	kind := metrics.ErrorKindFunc(nil)
 	if rs != nil {
@@ -141,8 +147,11 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 
 	a.rules = policy.NewManager(policy.ManagerOptions{
 		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Log: a.log,
+		Adaptive: adaptiveOpts,
 	})
 	a.goBG(a.rules.Run)
+	a.goBG(a.rules.RunAdaptive)
+	exportAdaptive(a.metrics, a.rules)
 	if rs != nil {
 		a.watchEpoch(rs, cfg.Redis.KeyPrefix, lo.DenyCache)
 	}

@@ -241,6 +241,7 @@ type rawRule struct {
 	Burst     opt[int64]
 	Cost      opt[int64]
 	Shadow    opt[bool]
+	Adaptive  rawAdaptive
 }
 
 func (r *rawRule) fields() []field {
@@ -254,6 +255,7 @@ func (r *rawRule) fields() []field {
 		{"burst", &r.Burst},
 		{"cost", &r.Cost},
 		{"shadow", &r.Shadow},
+		{"adaptive", &r.Adaptive},
 	}
 }
 
@@ -504,6 +506,15 @@ func (d *decoder) value(n *yaml.Node, w where, key string, dst any) {
 			p.Bad = true
 			d.fieldErr(w, key, n.Line, "is out of range, got %s", n.Value)
 		}
+	case *opt[float64]:
+		p.Set, p.Line = true, n.Line
+		tag := n.ShortTag()
+		if n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") || n.Decode(&p.V) != nil {
+			p.Bad = true
+			d.fieldErr(w, key, n.Line, "must be a number, got %s", got(n))
+		}
+	case *opt[[]rawStep]:
+		d.steps(n, w, key, p)
 	case *opt[bool]:
 		p.Set, p.Line = true, n.Line
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&p.V) != nil {
@@ -598,6 +609,31 @@ func (d *decoder) rules(n *yaml.Node, w where, key string, p *opt[[]rawRule]) {
 			continue
 		}
 		d.fields(item, where{label: r.label, rule: true}, r)
+	}
+}
+
+// steps reads a list of mappings such as adaptive.steps.
+func (d *decoder) steps(n *yaml.Node, w where, key string, p *opt[[]rawStep]) {
+	p.Set, p.Line = true, n.Line
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.Bad = true
+		d.fieldErr(w, key, n.Line, "must be a list of steps such as [{below: 50, factor: 1.5}, {factor: 1}], got %s", got(n))
+		return
+	}
+	p.V = make([]rawStep, len(n.Content))
+	for i, item := range n.Content {
+		item = resolve(item)
+		name := fmt.Sprintf("%s[%d]", key, i)
+		if item.Kind != yaml.MappingNode {
+			s := &p.V[i]
+			s.Set, s.Bad, s.Line = true, true, item.Line
+			d.fieldErr(w, name, item.Line, "must be a mapping such as {below: 50, factor: 1.5}, got %s", got(item))
+			continue
+		}
+		d.fields(item, w.child(name), &p.V[i])
 	}
 }
 

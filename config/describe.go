@@ -155,4 +155,7 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	} else {
 		field("shadow", "no")
 	}
+	if r.Adaptive != nil {
+		describeAdaptive(field, r.Adaptive)
+	}
 }

@@ -533,6 +533,7 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 			at(v.Line, "%s", msg)
 		}
 	}
+	r.Adaptive = compileAdaptive(&rr.Adaptive, r, at)
 	return r
 }
 

@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/rategate/rategate/adaptive"
 )
 
 // KeyKind is one dimension of a rule's identity.
@@ -118,6 +120,10 @@ type Rule struct {
 	Shadow bool
 	// Anonymous says what a `user` key does when the request carries no user.
 	Anonymous Anonymous
+	// Adaptive, when set, scales the limit by a factor that follows a load
+	// signal (docs/adaptive.md). The limiter ignores it: package policy
+	// applies the factor by handing the limiter a rule with new numbers.
+	Adaptive *adaptive.Spec
 }
 
 // Anonymous is the policy for the `user` dimension when no user is known.

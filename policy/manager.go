@@ -54,6 +54,8 @@ type Manager struct {
 	nextExp  time.Time           // earliest expiry of an active override
 
 	view atomic.Pointer[RulesView]
+
+	adaptive adaptiveState // adaptive factors and their controllers (adaptive.go)
 }
 
 // Observer receives what the manager does, for metrics; *metrics.Metrics
@@ -79,6 +81,9 @@ type ManagerOptions struct {
 	Log       zerolog.Logger
 	// SyncEvery is the periodic re-read of the overrides (DefaultSyncEvery).
 	SyncEvery time.Duration
+	// Adaptive configures the adaptive limits (adaptive.go); RunAdaptive
+	// runs them.
+	Adaptive AdaptiveOptions
 }
 
 // NewManager returns a manager enforcing opts.Config's rules and reads the
@@ -105,6 +110,7 @@ func NewManager(opts ManagerOptions) *Manager {
 	if m.store == nil {
 		m.store = NewMemoryOverrides()
 	}
+	m.adaptive.init(opts.Adaptive)
 	m.mu.Lock()
 	m.apply()
 	m.mu.Unlock()
@@ -113,6 +119,7 @@ func NewManager(opts ManagerOptions) *Manager {
 	if err := m.Sync(ctx); err != nil {
 		m.log.Warn().Err(err).Msg("cannot read the runtime overrides yet; enforcing the file's rules until the store answers")
 	}
+	_ = m.syncAdaptive(ctx) // RunAdaptive says so if it keeps failing
 	return m
 }
 
@@ -257,11 +264,13 @@ func (m *Manager) apply() {
 		if why, ok := m.bad[r.Name]; ok {
 			rv.OverrideError = why
 		}
+		overridden := e != r
+		e = m.composeAdaptive(r, e, &rv, now) // a manual override wins over the adaptive factor
 		rv.Effective = valuesOf(e)
 		eff[i] = e
 		view.Rules[i] = rv
 		infos[i] = metrics.RuleInfo{Name: e.Name, Limit: e.Limit, Period: e.Period, Burst: e.Burst,
-			Shadow: e.Shadow, Override: e != r}
+			Shadow: e.Shadow, Override: overridden}
 	}
 	for name, o := range m.ovs {
 		if !inFile[name] {
@@ -422,7 +431,9 @@ type RuleView struct {
 	Override *Override `json:"override"`
 	// OverrideError says why a stored override is not applied.
 	OverrideError string `json:"override_error,omitempty"`
-	Effective     Values `json:"effective"`
+	// Adaptive is the rule's adaptive factor; absent without an adaptive block.
+	Adaptive  *AdaptiveView `json:"adaptive,omitempty"`
+	Effective Values        `json:"effective"`
 }
 
 // Values are a rule's numbers.
@@ -473,6 +484,6 @@ func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 }
 
 func signature(r *limits.Rule) string {
-	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d", r.Match.String(), keyParts(r), r.Algorithm,
-		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous)
+	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d|%s", r.Match.String(), keyParts(r), r.Algorithm,
+		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, adaptiveSignature(r))
 }

@@ -96,27 +96,7 @@ func (s *Adaptive) Release(ctx context.Context, rule, instance string) error {
 // Watch implements policy.AdaptiveStore with SUBSCRIBE; go-redis
 // resubscribes by itself after a reconnect.
 func (s *Adaptive) Watch(ctx context.Context) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	sub := s.client.Subscribe(ctx, s.channel)
-	go func() {
-		defer sub.Close()
-		ch := sub.Channel()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case _, ok := <-ch:
-				if !ok {
-					return
-				}
-				select {
-				case out <- struct{}{}:
-				default: // a re-read is already pending
-				}
-			}
-		}
-	}()
-	return out
+	return watchChannel(ctx, s.client, s.channel)
 }
 
 // Shared implements policy.AdaptiveStore.

@@ -54,8 +54,16 @@ func (s *Overrides) Delete(ctx context.Context, rule string) error {
 // Watch implements policy.OverrideStore with SUBSCRIBE; go-redis resubscribes by
 // itself after a reconnect.
 func (s *Overrides) Watch(ctx context.Context) <-chan struct{} {
+	return watchChannel(ctx, s.client, s.key)
+}
+
+// watchChannel subscribes to channel and signals out (one pending signal
+// at most) on every message, until ctx ends; go-redis resubscribes by
+// itself after a reconnect. A signal means "re-read": what changed is read
+// from the store, never from the message.
+func watchChannel(ctx context.Context, client redis.UniversalClient, channel string) <-chan struct{} {
 	out := make(chan struct{}, 1)
-	sub := s.client.Subscribe(ctx, s.key)
+	sub := client.Subscribe(ctx, channel)
 	go func() {
 		defer sub.Close()
 		ch := sub.Channel()

@@ -493,7 +493,7 @@ func TestClusterRoundTrips(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, line := range strings.Split(fmt.Sprint(info), "\n") {
-				for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+				for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls=", "cmdstat_fcall:calls="} {
 					if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
 						n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
 						total += n

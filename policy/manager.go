@@ -54,6 +54,7 @@ type Manager struct {
 	nextExp  time.Time           // earliest expiry of an active override
 
 	view atomic.Pointer[RulesView]
+	ids  *Identities // identity overrides (identities_sync.go)
 }
 
 // Observer receives what the manager does, for metrics; *metrics.Metrics
@@ -79,6 +80,10 @@ type ManagerOptions struct {
 	Log       zerolog.Logger
 	// SyncEvery is the periodic re-read of the overrides (DefaultSyncEvery).
 	SyncEvery time.Duration
+	// Identities stores the runtime identity overrides (the Redis store's,
+	// or MemoryIdentities); MaxIdentities caps them.
+	Identities    IdentityStore
+	MaxIdentities int
 }
 
 // NewManager returns a manager enforcing opts.Config's rules and reads the
@@ -105,6 +110,7 @@ func NewManager(opts ManagerOptions) *Manager {
 	if m.store == nil {
 		m.store = NewMemoryOverrides()
 	}
+	m.ids = newManagerIdentities(&opts)
 	m.mu.Lock()
 	m.apply()
 	m.mu.Unlock()
@@ -112,6 +118,9 @@ func NewManager(opts ManagerOptions) *Manager {
 	defer cancel()
 	if err := m.Sync(ctx); err != nil {
 		m.log.Warn().Err(err).Msg("cannot read the runtime overrides yet; enforcing the file's rules until the store answers")
+	}
+	if err := m.ids.Load(ctx); err != nil {
+		m.log.Warn().Err(err).Msg("cannot read the identity overrides yet; enforcing the rules without them until the store answers")
 	}
 	return m
 }
@@ -271,7 +280,7 @@ func (m *Manager) apply() {
 			view.Orphans[name] = o
 		}
 	}
-	m.limiter.SetRules(eff)
+	m.limiter.SetRules(m.ids.Install(eff))
 	if m.metrics != nil {
 		m.metrics.SetRules(infos)
 	}
@@ -473,6 +482,6 @@ func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 }
 
 func signature(r *limits.Rule) string {
-	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d", r.Match.String(), keyParts(r), r.Algorithm,
-		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous)
+	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d|%s", r.Match.String(), keyParts(r), r.Algorithm,
+		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, exceptionsSignature(r))
 }

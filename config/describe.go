@@ -77,6 +77,7 @@ func (c *Config) Describe() string {
 	}
 	line("headers", "uri %s (else url %s), method %s, host %s, cost %s, request id %s",
 		id.URIHeader, id.URLHeader, id.MethodHeader, id.HostHeader, cost, id.RequestIDHeader)
+	line("identity ovr", "up to %d runtime identity overrides (PUT /v1/rules/{rule}/identities)", c.IdentityOverrides.MaxEntries)
 	if len(c.Rules) == 0 {
 		line("rules", "none (every request is allowed)")
 	} else {
@@ -150,4 +151,5 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	} else {
 		field("shadow", "no")
 	}
+	describeExceptions(b, r)
 }

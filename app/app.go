@@ -124,9 +124,11 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		Observer:    a.metrics,
 	}
 	var overrides policy.OverrideStore = policy.NewMemoryOverrides()
+	var identities policy.IdentityStore = policy.NewMemoryIdentities()
 	if rs != nil {
 		a.wireRedis(cfg, rs, &lo)
 		overrides = limits.NewRedisOverrides(rs.Client(), cfg.Redis.KeyPrefix)
+		identities = limits.NewRedisIdentities(rs.Client(), cfg.Redis.KeyPrefix)
 	} else {
 		mem := store.(*limits.MemoryStore)
 		lo.Inspector = mem
@@ -138,8 +140,11 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 
 	a.rules = policy.NewManager(policy.ManagerOptions{
 		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Log: a.log,
+		Identities: identities, MaxIdentities: cfg.IdentityOverrides.MaxEntries,
 	})
 	a.goBG(a.rules.Run)
+	a.goBG(a.rules.Identities().Run)
+	a.metrics.ObserveIdentities(a.identityCounts)
 	if rs != nil {
 		a.watchEpoch(rs, cfg.Redis.KeyPrefix, lo.DenyCache)
 	}

@@ -77,6 +77,9 @@ type rawException struct {
 	Exempt opt[bool]
 	Block  opt[bool]
 	Reason opt[string]
+	// unknown is set when the exception has a key it does not know: a
+	// misspelt action, already reported.
+	unknown bool
 }
 
 func (e *rawException) fields() []field {
@@ -129,6 +132,7 @@ func (d *decoder) exceptions(n *yaml.Node, w where, key string, p *opt[[]rawExce
 			}
 			if dst == nil {
 				d.unknownIn(at, kv.key, fs)
+				e.unknown = true
 				continue
 			}
 			d.value(kv.val, at, k, dst)
@@ -402,7 +406,7 @@ func compileAction(raw *rawException, ex *limits.Exception, r *limits.Rule, rule
 	case block:
 		ex.Action = limits.IdentityBlock
 	case len(numbers) == 0:
-		if ok {
+		if ok && !raw.unknown {
 			at("says nothing to do: give limit, period, burst or factor, or exempt: true, or block: true")
 		}
 		return false

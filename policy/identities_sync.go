@@ -488,6 +488,21 @@ func (x *Identities) Load(ctx context.Context) error {
 // Run keeps the runtime overrides in sync and retires expired ones until
 // ctx ends.
 func (x *Identities) Run(ctx context.Context) {
+	retired := make(chan struct{})
+	go func() {
+		defer close(retired)
+		t := time.NewTicker(x.every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				x.retire(ctx)
+			}
+		}
+	}()
+	defer func() { <-retired }()
 	events := x.store.Watch(ctx)
 	t := time.NewTicker(x.every)
 	defer t.Stop()
@@ -507,7 +522,6 @@ func (x *Identities) Run(ctx context.Context) {
 			if x.store.Shared() {
 				err = x.check(ctx, events)
 			}
-			x.retire(ctx)
 		}
 		switch {
 		case err != nil && !failing && ctx.Err() == nil:
@@ -610,9 +624,14 @@ func (x *Identities) Version() uint64 {
 	return x.version
 }
 
+// retireBatch bounds the expired overrides one tick deletes from the
+// store; the rest wait for the next tick (the limiter ignores them anyway).
+const retireBatch = 512
+
 // retire deletes expired overrides from the store (the limiter stopped
 // applying them at their ExpiresAt already). Every instance may; the
-// delete only removes the value that expired.
+// delete only removes the value that expired. With a shared store the
+// deletion applies here when it is heard back, like any other change.
 func (x *Identities) retire(ctx context.Context) {
 	now := x.nowUS()
 	type gone struct{ rule, id, raw string }
@@ -627,8 +646,10 @@ func (x *Identities) retire(ctx context.Context) {
 		for id, s := range m {
 			switch {
 			case s.expiresUS == 0:
-			case now >= s.expiresUS:
+			case now >= s.expiresUS && len(expired) < retireBatch:
 				expired = append(expired, gone{rule, id, s.raw})
+			case now >= s.expiresUS:
+				next = now // more than one batch: the next tick goes on
 			case next == 0 || s.expiresUS < next:
 				next = s.expiresUS
 			}
@@ -639,7 +660,13 @@ func (x *Identities) retire(ctx context.Context) {
 	retired := 0
 	for i, g := range expired {
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, changed, err := x.delete(dctx, g.rule, g.id, g.raw)
+		var changed bool
+		var err error
+		if x.store.Shared() {
+			_, changed, err = x.store.Delete(dctx, g.rule, g.id, g.raw)
+		} else {
+			_, changed, err = x.delete(dctx, g.rule, g.id, g.raw)
+		}
 		cancel()
 		if err != nil {
 			// Try again at the next tick; the limiter ignores them anyway.

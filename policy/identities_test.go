@@ -350,6 +350,25 @@ func TestIdentitiesAcrossInstances(t *testing.T) {
 		return !n
 	})
 
+	// Many overrides expiring at once keep neither instance from hearing
+	// the next change.
+	for i := 0; i < 50; i++ {
+		if _, err := a.set(fmt.Sprintf("short-%d", i), `{"exempt":true,"ttl":"200ms"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(400 * time.Millisecond) // expired; a retirement tick has begun
+	if _, err := a.set("next", `{"limit":9}`); err != nil {
+		t.Fatal(err)
+	}
+	if took := waitFor("b hears a change while retiring", func() bool { _, l := b.applied("next"); return l == 9 }); took > time.Second {
+		t.Fatalf("b applied the change %v later", took)
+	}
+	waitFor("the expired ones leave the store", func() bool {
+		n, _ := client.HLen(ctx, hash).Result()
+		return n == 2 // quiet, next
+	})
+
 	// Redis loses its data: both notice and drop what was stored there.
 	if err := client.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)

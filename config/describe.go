@@ -77,7 +77,7 @@ func (c *Config) Describe() string {
 	}
 	line("headers", "uri %s (else url %s), method %s, host %s, cost %s, request id %s",
 		id.URIHeader, id.URLHeader, id.MethodHeader, id.HostHeader, cost, id.RequestIDHeader)
-	line("identity ovr", "up to %d runtime identity overrides (PUT /v1/rules/{rule}/identities)", c.IdentityOverrides.MaxEntries)
+	line("overrides", "up to %d runtime identity overrides, all rules together (PUT /v1/rules/{rule}/identities)", c.IdentityOverrides.MaxEntries)
 	if len(c.Rules) == 0 {
 		line("rules", "none (every request is allowed)")
 	} else {

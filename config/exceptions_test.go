@@ -79,7 +79,7 @@ rules:
 	}
 	d := c.Describe()
 	for _, want := range []string{"exception:  user=acme: 1000 per 1m, burst 200 (enterprise plan)", "exception:  user=a b|c: 50 per 1m, burst 10",
-		"exception:  user=bot: block", "exception:  ip=10.0.0.0/8: exempt", "up to 100000 runtime identity overrides"} {
+		"exception:  user=bot: block", "exception:  ip=10.0.0.0/8: exempt", "overrides:     up to 100000 runtime identity overrides, all rules together"} {
 		if !strings.Contains(d, want) {
 			t.Errorf("-check lacks %q:\n%s", want, d)
 		}

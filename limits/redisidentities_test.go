@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -16,8 +18,26 @@ import (
 // not a change of a stored one; a conditional delete removes only the
 // value it names.
 func TestRedisIdentities(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
+	t.Run("redis", func(t *testing.T) {
+		srv := testredis.Start(t)
+		client := srv.Client(t)
+		testRedisIdentities(t, client, func() error { return client.FlushAll(context.Background()).Err() })
+	})
+	t.Run("redis-cluster", func(t *testing.T) {
+		c := sharedCluster.get(t)
+		if err := c.FlushAll(); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := OpenRedis(RedisOptions{ClusterAddrs: c.Addrs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rs.Close() })
+		testRedisIdentities(t, rs.Client(), c.FlushAll)
+	})
+}
+
+func testRedisIdentities(t *testing.T, client redis.UniversalClient, flushAll func() error) {
 	s := NewRedisIdentities(client, "tid")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -94,7 +114,7 @@ func TestRedisIdentities(t *testing.T) {
 		t.Fatalf("load of 2502: version %d, %d bulk, %v", v, len(all["bulk"]), err)
 	}
 	// Redis losing its data resets the counter: a listener sees it go back.
-	if err := client.FlushAll(ctx).Err(); err != nil {
+	if err := flushAll(); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := s.Version(ctx); v != 0 {

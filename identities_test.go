@@ -245,6 +245,13 @@ func TestIdentityOverridesAcrossProcesses(t *testing.T) {
 		t.Fatalf("200 concurrent requests of conc: %d admitted, %d failed; want exactly 37 admitted", admitted.Load(), failed.Load())
 	}
 
+	// A body over 64 KiB through the real listener: 413 with the reason, nothing stored.
+	out := a.api("PUT", "/v1/rules/per-user/identities?user=huge", `{"limit":5,`+strings.Repeat(" ", 70<<10)+`}`, 413)
+	if !strings.Contains(out, "request body over 65536 bytes") {
+		t.Fatalf("413 answer: %s", out)
+	}
+	b.api("GET", "/v1/rules/per-user/identities?user=huge", "", 404)
+
 	// The CLI.
 	run := func(wantCode int, args ...string) string {
 		t.Helper()

@@ -15,8 +15,9 @@ import (
 	"github.com/rategate/rategate/top"
 )
 
-// maxIdentityBody bounds a PUT /v1/rules/{rule}/identities body.
-const maxIdentityBody = 64 << 10
+// maxIdentityBody bounds a PUT /v1/rules/{rule}/identities body (the
+// listener reads no more; this holds for any other server too).
+const maxIdentityBody = MaxBody
 
 // maxIdentityPage bounds one page of GET /v1/rules/{rule}/identities.
 const maxIdentityPage = 100_000

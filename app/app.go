@@ -358,13 +358,16 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 		ReadTimeout:           10 * time.Second,
 		WriteTimeout:          30 * time.Second,
 		IdleTimeout:           120 * time.Second,
-		MaxRequestBodySize:    64 << 10,
+		MaxRequestBodySize:    admin.MaxBody,
+		ErrorHandler:          admin.ErrorHandler,
 		NoDefaultServerHeader: true,
 		Logger:                fasthttpLogger{a.log},
 	}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(handler.LingerListener(ln)) }()
-	go func() { serveErr <- adminSrv.Serve(adminLn) }()
+	// Lingering too: a client still sending a body over the limit reads
+	// its 413 instead of a broken pipe.
+	go func() { serveErr <- adminSrv.Serve(handler.LingerListener(adminLn)) }()
 	a.log.Info().Str("admin_listen", adminLn.Addr().String()).Bool("admin_token", cfg.Admin.Token != "").
 		Msg("admin API ready: /metrics, /v1/rules, /v1/reload, /v1/keys/{rule}, /v1/top")
 	a.log.Info().Str("listen", ln.Addr().String()).Str("store", a.store.Name()).

@@ -28,6 +28,11 @@ rules:
     exceptions:
       - match: {user: vip}
         limit: 30
+  - name: global
+    match: {path: /global}
+    algorithm: gcra
+    limit: 3
+    period: 1h
   - name: multi
     match: {path: /multi}
     key: [ip, header:X-Plan]
@@ -68,6 +73,7 @@ func TestIdentityAPIBadInput(t *testing.T) {
 		{"GET", "/v1/rules/api/identities?n=0", ``, 400, []string{"n: must be a whole number from 1 to 100000"}},
 		{"GET", "/v1/rules/api/identities?bogus=1", ``, 400, []string{"bogus: unknown parameter"}},
 		{"POST", "/v1/rules/api/identities?user=a", `{}`, 405, []string{"use GET or PUT or DELETE"}},
+		{"PUT", "/v1/rules/global/identities", `{"limit":5}`, 400, []string{"global\\\" is keyed on nothing", "PUT /v1/rules/global/override"}},
 	} {
 		code, out := call(t, s.admin, c.method, c.uri, c.body)
 		if code != c.status {

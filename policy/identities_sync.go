@@ -759,6 +759,10 @@ func (x *Identities) Set(ctx context.Context, rule string, dims map[string]strin
 		return IdentityView{}, fmt.Errorf("%w %q", ErrUnknownRule, rule)
 	}
 	base := ri.base
+	if len(base.Key) == 0 {
+		x.mu.Unlock()
+		return IdentityView{}, FieldErrors{fmt.Sprintf("rule %q is keyed on nothing: one counter for every request, no identities; change the rule itself with PUT /v1/rules/%s/override", rule, rule)}
+	}
 	o.Key = keyParts(base)
 	id, ok := limits.KeyIdentity(base, req)
 	if !ok {

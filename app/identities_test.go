@@ -111,7 +111,7 @@ func TestIdentityAPIBadInput(t *testing.T) {
 // count decisions under overrides per rule.
 func TestIdentityAPI(t *testing.T) {
 	stores(t, func(t *testing.T, redisAddr string) {
-		s := newStack(t, identityAPIConfig, redisAddr)
+		s := newStack(t, strings.Replace(identityAPIConfig, "max_entries: 2", "max_entries: 10", 1), redisAddr)
 		var v policy.IdentityView
 		s.api("PUT", "/v1/rules/api/identities?user=acme", `{"limit":5,"reason":"trial","ttl":"1h"}`, 200, &v)
 		if v.Action != "limit" || v.Effective == nil || v.Effective.Limit != 5 || v.Effective.Burst != 5 || v.Reason != "trial" || v.ExpiresAt == nil ||
@@ -167,6 +167,16 @@ func TestIdentityAPI(t *testing.T) {
 				t.Fatalf("mallory: %d Retry-After %q", resp.StatusCode(), ra)
 			}
 		}
+		// A block without an end: no Retry-After, and the body says why.
+		s.api("PUT", "/v1/rules/api/identities?user=eve", `{"block":true}`, 200, nil)
+		req.Header.Set("X-User-Id", "eve")
+		resp.Reset()
+		if err := s.auth.Do(req, resp); err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode() != 429 || len(resp.Header.Peek("Retry-After")) != 0 || string(resp.Body()) != "blocked by rule \"api\"\n" {
+			t.Fatalf("eve: %d Retry-After %q body %q", resp.StatusCode(), resp.Header.Peek("Retry-After"), resp.Body())
+		}
 		var tv top.TopView
 		s.api("GET", "/v1/top?rule=api", "", 200, &tv)
 		marked := map[string]bool{}
@@ -184,9 +194,9 @@ func TestIdentityAPI(t *testing.T) {
 		out := s.api("GET", "/metrics", "", 200, nil)
 		for _, want := range []string{
 			`rategate_identity_decisions_total{rule="api",action="limit"} 7`,
-			`rategate_identity_decisions_total{rule="api",action="block"} 3`,
+			`rategate_identity_decisions_total{rule="api",action="block"} 4`,
 			`rategate_identity_decisions_total{rule="multi",action="exempt"} 0`,
-			`rategate_identity_overrides{rule="api",source="runtime"} 1`,
+			`rategate_identity_overrides{rule="api",source="runtime"} 2`,
 			`rategate_identity_overrides{rule="api",source="config"} 1`,
 		} {
 			if !strings.Contains(out, want) {

@@ -308,4 +308,27 @@ func TestIdentityOverridesAcrossProcesses(t *testing.T) {
 	if l.Runtime != 6 || !l.Shared { // acme, health, keeper, conc, bot, probe
 		t.Fatalf("b lists %d runtime overrides (shared %v), want 6", l.Runtime, l.Shared)
 	}
+
+	// A reload applies a new cap and new exceptions.
+	next := strings.Replace(fmt.Sprintf(identityConfig, rs.Addr, prefix, "tok"), "rules:\n",
+		"identity_overrides: {max_entries: 6}\nrules:\n", 1)
+	next = strings.Replace(next, "        reason: contract\n", "        reason: contract\n      - match: {user: newbie}\n        exempt: true\n", 1)
+	writeFile(t, cfg, next)
+	out = a.api("POST", "/v1/reload", "", 200)
+	if !strings.Contains(out, "identity_overrides.max_entries") || !strings.Contains(out, `"changed": [
+    "per-user"`) {
+		t.Fatalf("reload answer: %s", out)
+	}
+	if !strings.Contains(a.api("PUT", "/v1/rules/per-user/identities?user=seventh", `{"limit":2}`, 409), "6 identity overrides are stored") {
+		t.Fatal("the reloaded cap is not applied")
+	}
+	exempted := 0
+	for i := 0; i < 5; i++ {
+		if code, _ := a.askAs("/x", "192.0.2.77", "newbie"); code == 204 {
+			exempted++
+		}
+	}
+	if exempted != 5 {
+		t.Fatalf("newbie after the reload: %d of 5 admitted, want the new exception's exemption", exempted)
+	}
 }

@@ -35,6 +35,10 @@ type KeyView struct {
 	RawError string `json:"raw_error,omitempty"`
 	// Reset is true on a DELETE answer.
 	Reset bool `json:"reset,omitempty"`
+	// IdentityOverride is the identity override or exception that applies
+	// to the identity (null: none); Limit, Period and Burst are then the
+	// identity's own.
+	IdentityOverride *policy.IdentityView `json:"identity_override"`
 }
 
 // problemList is every problem with a query, one per parameter.
@@ -69,6 +73,7 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 		} else {
 			// The same ip dimension /auth uses: an IPv6 address is its network.
 			req.IP = limits.AppendIPIdentity(nil, a, ipv6Prefix)
+			req.Addr = a
 		}
 	}
 	for _, p := range r.Key {
@@ -138,7 +143,9 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 	}
 	c, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Limit: r.Limit, Period: policy.Duration(r.Period), Burst: r.Burst}
+	ov, ir := s.keyOverride(r, req)
+	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Limit: ir.Limit, Period: policy.Duration(ir.Period), Burst: ir.Burst,
+		IdentityOverride: ov}
 	if method == "DELETE" {
 		key, announceErr, err := s.limiter.ResetKey(c, r, req)
 		v.Key = key
@@ -157,7 +164,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 		s.log.Info().Str("rule", r.Name).Str("key", key).Msg("key reset through the admin API")
 		v.Reset = true
 	}
-	st, err := s.limiter.Inspect(c, r, req)
+	st, err := s.limiter.Inspect(c, ir, req)
 	switch {
 	case errors.Is(err, limits.ErrNotApplicable):
 		writeError(ctx, fasthttp.StatusBadRequest, "rule \""+name+"\" does not apply to this identity (anonymous: skip)", nil)
@@ -167,7 +174,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 		return
 	}
 	v.Key = st.Key
-	v.Remaining = min(max(st.Result.Remaining, 0), max(r.Burst, r.Limit))
+	v.Remaining = min(max(st.Result.Remaining, 0), max(ir.Burst, ir.Limit))
 	v.ResetUS = max(st.Result.ResetUS, 0)
 	v.ResetSeconds = (v.ResetUS + 999_999) / 1_000_000
 	v.Raw = st.Raw

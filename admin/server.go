@@ -187,6 +187,10 @@ func (s *Server) Serve(ctx *fasthttp.RequestCtx) {
 		if allow(ctx, method, "PUT", "DELETE") {
 			s.override(ctx, method, segs[2])
 		}
+	case match(segs, "v1", "rules", "*", "identities"):
+		if allow(ctx, method, "GET", "PUT", "DELETE") {
+			s.identities(ctx, method, segs[2])
+		}
 	case match(segs, "v1", "keys", "*"):
 		if allow(ctx, method, "GET", "DELETE") {
 			s.key(ctx, method, segs[2])
@@ -250,6 +254,11 @@ GET    /metrics                         Prometheus metrics
 GET    /v1/rules                        rules: file values, override, effective values
 PUT    /v1/rules/{name}/override        {"limit":N,"period":"1m","burst":M,"factor":1.5,"reason":"...","ttl":"2h"}
 DELETE /v1/rules/{name}/override        back to the file's values
+GET    /v1/rules/{rule}/identities      the rule's identity overrides and exceptions (?n=&after= to page)
+PUT    /v1/rules/{rule}/identities?ip=&user=&...
+                                        one identity's own numbers {"limit":N,...}, {"exempt":true} or {"block":true}, "ttl", "reason"
+DELETE /v1/rules/{rule}/identities?ip=&user=&...
+                                        remove it
 GET    /v1/keys/{rule}?ip=&user=&...    one identity's state, without consuming
 DELETE /v1/keys/{rule}?ip=&user=&...    reset it
 GET    /v1/top?rule=&minutes=&n=        identities denied most in the last minutes
@@ -380,6 +389,7 @@ func (s *Server) serveTop(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error(), nil)
 		return
 	}
+	s.markBlocked(&v)
 	writeJSON(ctx, fasthttp.StatusOK, v)
 }
 

@@ -44,6 +44,12 @@ Commands:
   key RULE [ip=A] [user=U] [route=R] [method=M] [host=H] [header.NAME=V]
                                          one identity's state under RULE, without consuming
   reset RULE [ip=A] [user=U] ...         reset that identity ("unban")
+  identity RULE user=U [limit=N] [period=D] [burst=N] [factor=F] [ttl=D] [reason=TEXT]
+                                         one identity's own numbers under RULE (every instance, within 1s)
+  identity RULE user=U exempt|block [ttl=D] [reason=TEXT]
+                                         never limited by RULE / always denied by it
+  identity RULE user=U [clear]           show what applies to it / delete its runtime override
+  identity RULE list [n=N] [after=ID]    RULE's identity overrides and config exceptions
   top [RULE] [minutes=N] [n=N]           identities denied most in the last minutes
   reload                                 re-read the config file (like SIGHUP)
 
@@ -122,6 +128,8 @@ func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return c.key(rest, http.MethodDelete)
 	case "top":
 		return c.top(rest)
+	case "identity", "identities":
+		return c.identity(rest)
 	case "reload":
 		return c.reload(rest)
 	case "help":
@@ -439,6 +447,9 @@ func (c *client) key(args []string, method string) int {
 		lim += fmt.Sprintf(", burst %d", v.Burst)
 	}
 	fmt.Fprintf(tw, "limit\t%s\n", lim)
+	if v.IdentityOverride != nil {
+		fmt.Fprintf(tw, "identity override\t%s\n", describeIdentity(v.IdentityOverride))
+	}
 	fmt.Fprintf(tw, "remaining\t%d\n", v.Remaining)
 	fmt.Fprintf(tw, "full again in\t%ds\n", v.ResetSeconds)
 	switch {
@@ -520,7 +531,11 @@ func (c *client) top(args []string) int {
 	rows := 0
 	for _, l := range v.Rules {
 		for _, d := range l.Top {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", l.Rule, d.Identity, d.Denied, d.MaxError)
+			id := d.Identity
+			if d.Blocked {
+				id += " (blocked)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", l.Rule, id, d.Denied, d.MaxError)
 			rows++
 		}
 	}

@@ -134,9 +134,11 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		Observer:    a.metrics,
 	}
 	var overrides policy.OverrideStore = policy.NewMemoryOverrides()
+	var identities policy.IdentityStore = policy.NewMemoryIdentities()
 	if rs != nil {
 		a.wireRedis(cfg, rs, &lo)
 		overrides = redisstore.NewOverrides(rs.Client(), cfg.Redis.KeyPrefix)
+		identities = redisstore.NewIdentities(rs.Client(), cfg.Redis.KeyPrefix)
 	} else {
 		lo.Inspector = opened.memory
 	}
@@ -147,11 +149,14 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 
 	a.rules = policy.NewManager(policy.ManagerOptions{
 		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Log: a.log,
-		Adaptive: adaptiveOpts,
+		Adaptive:   adaptiveOpts,
+		Identities: identities, MaxIdentities: cfg.IdentityOverrides.MaxEntries,
 	})
 	a.goBG(a.rules.Run)
 	a.goBG(a.rules.RunAdaptive)
+	a.goBG(a.rules.Identities().Run)
 	exportAdaptive(a.metrics, a.rules)
+	a.metrics.ObserveIdentities(a.identityCounts)
 	if rs != nil {
 		a.watchEpoch(rs, cfg.Redis.KeyPrefix, lo.DenyCache)
 	}
@@ -365,13 +370,16 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 		ReadTimeout:           10 * time.Second,
 		WriteTimeout:          30 * time.Second,
 		IdleTimeout:           120 * time.Second,
-		MaxRequestBodySize:    64 << 10,
+		MaxRequestBodySize:    admin.MaxBody,
+		ErrorHandler:          admin.ErrorHandler,
 		NoDefaultServerHeader: true,
 		Logger:                fasthttpLogger{a.log},
 	}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(handler.LingerListener(ln)) }()
-	go func() { serveErr <- adminSrv.Serve(adminLn) }()
+	// Lingering too: a client still sending a body over the limit reads
+	// its 413 instead of a broken pipe.
+	go func() { serveErr <- adminSrv.Serve(handler.LingerListener(adminLn)) }()
 	a.log.Info().Str("admin_listen", adminLn.Addr().String()).Bool("admin_token", cfg.Admin.Token != "").
 		Msg("admin API ready: /metrics, /v1/rules, /v1/reload, /v1/keys/{rule}, /v1/top")
 	a.log.Info().Str("listen", ln.Addr().String()).Str("store", a.store.Name()).

@@ -36,3 +36,13 @@ func (o observer) Decided(d *limits.Decision, elapsed time.Duration) {
 func (o observer) Rejected(reason limits.RejectReason, elapsed time.Duration) {
 	o.metrics.Rejected(reason, elapsed)
 }
+
+// identityCounts reports the identity overrides per rule for the metrics.
+func (a *App) identityCounts() []metrics.IdentityCount {
+	counts := a.rules.Identities().Counts()
+	out := make([]metrics.IdentityCount, len(counts))
+	for i, c := range counts {
+		out[i] = metrics.IdentityCount{Rule: c.Rule, Runtime: c.Runtime, Config: c.Config}
+	}
+	return out
+}

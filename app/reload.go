@@ -66,6 +66,10 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	if next.DenyStatus != prev.DenyStatus {
 		res.Applied = append(res.Applied, "deny_status")
 	}
+	if next.IdentityOverrides != prev.IdentityOverrides {
+		a.rules.Identities().SetMax(next.IdentityOverrides.MaxEntries)
+		res.Applied = append(res.Applied, "identity_overrides.max_entries")
+	}
 	idChanged := identityChanges(prev.Identity, next.Identity)
 	res.Applied = append(res.Applied, idChanged...)
 	if next.DenyStatus != prev.DenyStatus || len(idChanged) > 0 {

@@ -56,6 +56,8 @@ type Config struct {
 	DenyCache  DenyCache
 	Admin      Admin
 	Identity   Identity
+	// IdentityOverrides bounds the runtime identity overrides.
+	IdentityOverrides IdentityOverrides
 	// Rules are the compiled rules in file order; never nil.
 	Rules []*limits.Rule
 }

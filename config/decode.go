@@ -66,6 +66,7 @@ type rawConfig struct {
 	DenyCache   rawDenyCache
 	Admin       rawAdmin
 	Identity    rawIdentity
+	IdentityOvr rawIdentityOverrides
 	Rules       opt[[]rawRule]
 }
 
@@ -80,6 +81,7 @@ func (c *rawConfig) fields() []field {
 		{"deny_cache", &c.DenyCache},
 		{"admin", &c.Admin},
 		{"identity", &c.Identity},
+		{"identity_overrides", &c.IdentityOvr},
 		{"rules", &c.Rules},
 	}
 }
@@ -231,17 +233,18 @@ type rawRule struct {
 	section
 	// label names the rule in errors: `rules[2] "login"`, or `rules[2]`
 	// when it has no usable name.
-	label     string
-	Name      opt[string]
-	Match     rawMatch
-	Key       opt[[]string]
-	Algorithm opt[string]
-	Limit     opt[int64]
-	Period    opt[time.Duration]
-	Burst     opt[int64]
-	Cost      opt[int64]
-	Shadow    opt[bool]
-	Adaptive  rawAdaptive
+	label      string
+	Name       opt[string]
+	Match      rawMatch
+	Key        opt[[]string]
+	Algorithm  opt[string]
+	Limit      opt[int64]
+	Period     opt[time.Duration]
+	Burst      opt[int64]
+	Cost       opt[int64]
+	Shadow     opt[bool]
+	Exceptions opt[[]rawException]
+	Adaptive   rawAdaptive
 }
 
 func (r *rawRule) fields() []field {
@@ -256,6 +259,7 @@ func (r *rawRule) fields() []field {
 		{"cost", &r.Cost},
 		{"shadow", &r.Shadow},
 		{"adaptive", &r.Adaptive},
+		{"exceptions", &r.Exceptions},
 	}
 }
 
@@ -571,6 +575,8 @@ func (d *decoder) value(n *yaml.Node, w where, key string, dst any) {
 		}
 	case *opt[[]rawRule]:
 		d.rules(n, w, key, p)
+	case *opt[[]rawException]:
+		d.exceptions(n, w, key, p)
 	case fielder:
 		if !isNull(n) && n.Kind != yaml.MappingNode {
 			s := p.sec()

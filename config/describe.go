@@ -82,6 +82,7 @@ func (c *Config) Describe() string {
 	}
 	line("headers", "uri %s (else url %s), method %s, host %s, cost %s, request id %s",
 		id.URIHeader, id.URLHeader, id.MethodHeader, id.HostHeader, cost, id.RequestIDHeader)
+	line("overrides", "up to %d runtime identity overrides, all rules together (PUT /v1/rules/{rule}/identities)", c.IdentityOverrides.MaxEntries)
 	if len(c.Rules) == 0 {
 		line("rules", "none (every request is allowed)")
 	} else {
@@ -158,4 +159,5 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	if r.Adaptive != nil {
 		describeAdaptive(field, r.Adaptive)
 	}
+	describeExceptions(b, r)
 }

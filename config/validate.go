@@ -128,6 +128,7 @@ func validate(d *decoder, raw *rawConfig) *Config {
 		}
 	}
 	validateIdentity(d, &raw.Identity, &c.Identity)
+	validateIdentityOverrides(d, &raw.IdentityOvr, &c.IdentityOverrides)
 	if raw.Rules.ok() {
 		names := map[string]int{}
 		for i := range raw.Rules.V {
@@ -135,7 +136,9 @@ func validate(d *decoder, raw *rawConfig) *Config {
 			if rr.Bad {
 				continue
 			}
-			c.Rules = append(c.Rules, compileRule(d, rr, i, names, c.Identity.Anonymous))
+			r := compileRule(d, rr, i, names, c.Identity.Anonymous)
+			compileExceptions(d, rr, r, c.Identity)
+			c.Rules = append(c.Rules, r)
 		}
 	}
 	return c

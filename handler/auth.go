@@ -91,6 +91,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		User:    hdr.PeekBytes(h.userHeader),
 		Headers: hdr,
 		Cost:    cost,
+		Addr:    addr,
 	}
 
 	s.ctx.start(h.timeout)
@@ -261,7 +262,13 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	// answers. Retry-After and X-RateLimit-Rule carry everything. The one
 	// exception is a cost that can never fit: a configuration problem
 	// worth a sentence, and rare.
-	if v.Result.RetryUS == limits.NeverFits {
+	if v.Rule.Identity == limits.IdentityBlock && v.Result.RetryUS == limits.NeverFits {
+		// A block without an end: no Retry-After, and a sentence.
+		buf = append(buf[:0], "blocked by rule "...)
+		buf = appendSFString(buf, name)
+		buf = append(buf, '\n')
+		ctx.SetBody(buf)
+	} else if v.Result.RetryUS == limits.NeverFits {
 		buf = append(buf[:0], "rate limited by rule "...)
 		buf = appendSFString(buf, name)
 		buf = append(buf, "; request cost "...)
@@ -280,6 +287,9 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	if e := h.denyLog.Info(); e.Enabled() {
 		if d.Cached {
 			e.Bool("deny_cache", true)
+		}
+		if v.Rule.Identity != limits.IdentityNone {
+			e.Str("identity_override", v.Rule.Identity.String())
 		}
 		h.verdictFields(e, ctx, v, s).Msg("request limited")
 	}

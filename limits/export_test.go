@@ -1,5 +1,7 @@
 package limits
 
+import "net/netip"
+
 // Test hooks for the external tests of this package (package limits_test),
 // which run the limiter over real stores.
 
@@ -24,3 +26,14 @@ func (c *DenyCache) EntrySpan(key string) (int64, bool) {
 
 // Hdrs is a request's headers as a map, for tests.
 type Hdrs = hdrs
+
+// IdentityOfKey is keyIdentity.
+func IdentityOfKey(key []byte, prefix string, r *Rule) []byte { return keyIdentity(key, prefix, r) }
+
+// NopStore is nopStore.
+type NopStore = nopStore
+
+// Resolve is resolve: the limiter's lookup of one identity.
+func (t *IdentityTable) Resolve(id, ident []byte, addr netip.Addr, clock *int64) (IdentityEntry, bool) {
+	return t.resolve(id, ident, addr, clock)
+}

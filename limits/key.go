@@ -1,10 +1,5 @@
 package limits
 
-import (
-	"crypto/sha256"
-	"encoding/hex"
-)
-
 // Key layout: <prefix>:{<rule>:<identity>}:<suffix>
 //
 // The identity is the rule's key parts joined by '|', each value escaped so
@@ -95,13 +90,7 @@ func AppendKey(dst []byte, prefix string, r *Rule, identity []byte) []byte {
 	dst = append(dst, ":{"...)
 	dst = append(dst, r.Name...)
 	dst = append(dst, ':')
-	if len(identity) > maxIdentity {
-		sum := sha256.Sum256(identity)
-		dst = append(dst, '#')
-		dst = hex.AppendEncode(dst, sum[:16])
-	} else {
-		dst = append(dst, identity...)
-	}
+	dst = appendIdentityKey(dst, identity)
 	dst = append(dst, "}:"...)
 	dst = append(dst, r.Algorithm.Suffix()...)
 	return dst

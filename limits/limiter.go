@@ -86,6 +86,10 @@ type Decision struct {
 	//	ResetUS   the store's reset, minus the time since, never negative
 	//	Remaining the store's remaining quota at that denial
 	Cached bool
+	// Exempt lists the matching rules that an identity override exempts
+	// this request's identity from (derived rules, Rule.Identity =
+	// IdentityExempt): they were not asked and are not in Verdicts.
+	Exempt []*Rule
 
 	keyBuf []byte
 	ident  []byte
@@ -284,6 +288,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	d.Local, d.Fallback, d.Undecided, d.Err = false, FallbackNone, false, nil
 	d.Cached = false
 	d.Verdicts = d.Verdicts[:0]
+	d.Exempt = d.Exempt[:0]
 	d.batch.Checks = d.batch.Checks[:0]
 	d.batch.NowUS = nowUS
 	var clock int64
@@ -294,8 +299,9 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		clock = dc.clock(nowUS)
 		probe = dc.entries.Load() > 0
 	}
-	cached := -1
+	cached, blocked := -1, -1
 	var hit denyEntry
+	wall := nowUS // identity overrides end on the wall clock (read on first need)
 	for _, r := range rules {
 		if !r.Matches(req) {
 			continue
@@ -310,6 +316,26 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		if req.Cost > 0 {
 			cost = req.Cost
 		}
+		if t := r.identities; t != nil && t.active() {
+			// The identity's own rule: same name, algorithm and key (identities.go).
+			if e, ok := t.resolve(keyIdentity(d.keyBuf, l.prefix, r), d.ident, req.Addr, &wall); ok {
+				switch e.Rule.Identity {
+				case IdentityExempt:
+					d.Exempt = append(d.Exempt, e.Rule)
+					continue
+				case IdentityBlock:
+					if wall == 0 {
+						wall = time.Now().UnixMicro()
+					}
+					if blocked < 0 && !e.Rule.Shadow {
+						blocked = len(d.Verdicts)
+					}
+					d.Verdicts = append(d.Verdicts, blockVerdict(e, l.keys.get(d.keyBuf), cost, wall))
+					continue
+				}
+				r = e.Rule
+			}
+		}
 		if probe && cached < 0 && !r.Shadow {
 			if e, ok := dc.lookup(d.keyBuf, r, cost, clock); ok {
 				cached, hit = len(d.Verdicts), e
@@ -320,6 +346,11 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		key := l.keys.get(d.keyBuf)
 		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
 		d.batch.Checks = append(d.batch.Checks, r.Check(key, cost))
+	}
+	if blocked >= 0 {
+		// Decided here: nothing is asked of the store, nothing consumed.
+		blockedDenial(d, blocked)
+		return nil
 	}
 	if cached >= 0 {
 		cachedDenial(d, cached, &hit, clock)
@@ -363,9 +394,14 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		d.Local, d.Fallback = true, reason
 	}
 	d.Admitted = admitted
+	j := 0
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
-		v.Result = d.res[i]
+		if v.Rule.Identity == IdentityBlock {
+			continue // a shadow rule's block: decided above, not asked
+		}
+		v.Result = d.res[j]
+		j++
 		if !admitted && !v.Result.Allowed && !v.Rule.Shadow {
 			if d.Denier < 0 || retryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS) {
 				d.Denier = i
@@ -422,8 +458,21 @@ func cachedDenial(d *Decision, i int, e *denyEntry, clock int64) {
 	d.Cached = true
 	d.Denier = i
 	for j := range d.Verdicts {
-		if j != i {
+		if j != i && d.Verdicts[j].Rule.Identity != IdentityBlock {
 			d.Verdicts[j].Result = e.lastSeen(d.Verdicts[j].Rule, clock)
+		}
+	}
+}
+
+// blockedDenial completes d for a request an identity block denied through
+// Verdicts[i]: the other matching rules were not asked and report their
+// full quota.
+func blockedDenial(d *Decision, i int) {
+	d.Admitted = false
+	d.Denier = i
+	for j := range d.Verdicts {
+		if d.Verdicts[j].Rule.Identity != IdentityBlock {
+			d.Verdicts[j].Result = notAsked(d.Verdicts[j].Rule)
 		}
 	}
 }

@@ -9,6 +9,7 @@ package limits
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strings"
 	"time"
@@ -124,6 +125,16 @@ type Rule struct {
 	// signal (docs/adaptive.md). The limiter ignores it: package policy
 	// applies the factor by handing the limiter a rule with new numbers.
 	Adaptive *adaptive.Spec
+	// Exceptions are the config file's per-identity exceptions (identities.go).
+	Exceptions []Exception
+	// Identity is set on a rule derived for one identity (an identity
+	// override or exception): what it does to that identity. IdentityNone
+	// on the rules of the file.
+	Identity IdentityAction
+
+	// identities is the per-identity table the limiter consults for this
+	// rule (WithIdentities); nil when there is none.
+	identities *IdentityTable
 }
 
 // Anonymous is the policy for the `user` dimension when no user is known.
@@ -155,6 +166,9 @@ type Request struct {
 	Headers Headers
 	// Cost, when > 0, overrides every matching rule's default cost.
 	Cost int64
+	// Addr is the client address IP was derived from, for the ip ranges of
+	// a rule's exceptions; the zero Addr matches no range.
+	Addr netip.Addr
 }
 
 // Matches reports whether r's conditions hold for the request.

@@ -161,6 +161,8 @@ type Metrics struct {
 	redisOnce sync.Once
 
 	denyCache atomic.Pointer[limits.DenyCache]
+
+	ids identityMetrics // identities.go
 }
 
 // New returns empty metrics; the process start time is now.
@@ -221,6 +223,7 @@ func New(opts ...Options) *Metrics {
 		}
 		vm.WriteCounterUint64(w, "rategate_deny_cache_evictions_total", evicted)
 	})
+	s.RegisterMetricsWriter(m.writeIdentities)
 
 	version := "(devel)"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
@@ -343,7 +346,7 @@ func (m *Metrics) Decided(d *limits.Decision, elapsed time.Duration) {
 	switch {
 	case d.Undecided:
 		o = OutcomeUnavailable
-	case len(d.Verdicts) == 0:
+	case len(d.Verdicts) == 0 && len(d.Exempt) == 0:
 		o = OutcomeNoMatch
 	case !d.Admitted:
 		o = OutcomeLimited
@@ -367,6 +370,7 @@ func (m *Metrics) Decided(d *limits.Decision, elapsed time.Duration) {
 				rs.limited.Inc()
 			}
 		}
+		m.identityDecided(d)
 		if d.Cached && d.Denier >= 0 && d.Denier < len(d.Verdicts) {
 			m.rule(d.Verdicts[d.Denier].Rule.Name).denyCached.Inc()
 		}

@@ -56,6 +56,7 @@ type Manager struct {
 	view atomic.Pointer[RulesView]
 
 	adaptive adaptiveState // adaptive factors and their controllers (adaptive.go)
+	ids      *Identities   // identity overrides (identities_sync.go)
 }
 
 // Observer receives what the manager does, for metrics; *metrics.Metrics
@@ -84,6 +85,10 @@ type ManagerOptions struct {
 	// Adaptive configures the adaptive limits (adaptive.go); RunAdaptive
 	// runs them.
 	Adaptive AdaptiveOptions
+	// Identities stores the runtime identity overrides (the Redis store's,
+	// or MemoryIdentities); MaxIdentities caps them.
+	Identities    IdentityStore
+	MaxIdentities int
 }
 
 // NewManager returns a manager enforcing opts.Config's rules and reads the
@@ -111,6 +116,7 @@ func NewManager(opts ManagerOptions) *Manager {
 		m.store = NewMemoryOverrides()
 	}
 	m.adaptive.init(opts.Adaptive)
+	m.ids = newManagerIdentities(&opts)
 	m.mu.Lock()
 	m.apply()
 	m.mu.Unlock()
@@ -120,6 +126,9 @@ func NewManager(opts ManagerOptions) *Manager {
 		m.log.Warn().Err(err).Msg("cannot read the runtime overrides yet; enforcing the file's rules until the store answers")
 	}
 	_ = m.syncAdaptive(ctx) // RunAdaptive says so if it keeps failing
+	if err := m.ids.Load(ctx); err != nil {
+		m.log.Warn().Err(err).Msg("cannot read the identity overrides yet; enforcing the rules without them until the store answers")
+	}
 	return m
 }
 
@@ -280,7 +289,7 @@ func (m *Manager) apply() {
 			view.Orphans[name] = o
 		}
 	}
-	m.limiter.SetRules(eff)
+	m.limiter.SetRules(m.ids.Install(eff))
 	if m.metrics != nil {
 		m.metrics.SetRules(infos)
 	}
@@ -485,5 +494,5 @@ func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 
 func signature(r *limits.Rule) string {
 	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d|%s", r.Match.String(), keyParts(r), r.Algorithm,
-		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, adaptiveSignature(r))
+		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, adaptiveSignature(r)+"|"+exceptionsSignature(r))
 }

@@ -258,6 +258,9 @@ type Denied struct {
 	// between Denied-MaxError and Denied.
 	Denied   int64 `json:"denied"`
 	MaxError int64 `json:"max_error"`
+	// Blocked is true while an identity override blocks the identity
+	// (set by the admin API, which knows the overrides).
+	Blocked bool `json:"blocked,omitempty"`
 }
 
 // TopList is one rule's list in GET /v1/top.

@@ -167,7 +167,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitInvalid
 	}
 	if o.check {
-		fmt.Fprint(stdout, cfg.Describe())
+		fmt.Fprint(stdout, effective(cfg, o).Describe())
 		return exitOK
 	}
 
@@ -181,7 +181,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	if o.configPath == "" {
 		log.Info().Int("rules", len(cfg.Rules)).Msg("no config file given: running the built-in example policy printed below (use -config FILE)")
-		fmt.Fprint(stdout, cfg.Describe())
+		fmt.Fprint(stdout, effective(cfg, o).Describe())
 	} else {
 		log.Info().Str("config", o.configPath).Int("rules", len(cfg.Rules)).Msg("config loaded")
 	}
@@ -223,6 +223,19 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	log.Info().Msg("stopped")
 	return exitOK
+}
+
+// effective is cfg as the process will run it, for -check and the start-up
+// description: the flags and environment that win over the file applied.
+func effective(cfg *config.Config, o options) *config.Config {
+	e := *cfg
+	if o.redisURL != "" {
+		e.Redis.URL, e.Redis.ClusterAddrs, e.Redis.Sentinel = o.redisURL, nil, config.Sentinel{}
+	}
+	e.Listen = firstSet(o.listen, e.Listen)
+	e.Admin.Listen = firstSet(o.adminListen, e.Admin.Listen)
+	e.Admin.Token = firstSet(o.adminToken, e.Admin.Token)
+	return &e
 }
 
 // firstSet returns the first non-empty value: flag/env, then file, then default.

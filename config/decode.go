@@ -239,6 +239,7 @@ type rawRule struct {
 	Burst     opt[int64]
 	Cost      opt[int64]
 	Shadow    opt[bool]
+	Lease     opt[bool]
 }
 
 func (r *rawRule) fields() []field {
@@ -252,6 +253,7 @@ func (r *rawRule) fields() []field {
 		{"burst", &r.Burst},
 		{"cost", &r.Cost},
 		{"shadow", &r.Shadow},
+		{"lease", &r.Lease},
 	}
 }
 

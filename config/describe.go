@@ -150,4 +150,7 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	} else {
 		field("shadow", "no")
 	}
+	if r.Lease {
+		field("lease", "yes (each instance spends slices of the quota leased from the store, never over the limit)")
+	}
 }

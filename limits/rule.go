@@ -39,6 +39,12 @@ func (a Algorithm) Valid() bool {
 // UsesBurst reports whether the algorithm has a burst separate from its limit.
 func (a Algorithm) UsesBurst() bool { return a == GCRA || a == TokenBucket }
 
+// Leasable reports whether a rule of the algorithm can be leased exactly
+// (lease.go): every algorithm but sliding_log, whose admissions leave the
+// log one period after their own time, so a unit spent later than it was
+// counted would leave early.
+func (a Algorithm) Leasable() bool { return a.Valid() && a != SlidingLog }
+
 // KeyKind is one dimension of a rule's identity.
 type KeyKind uint8
 
@@ -141,6 +147,10 @@ type Rule struct {
 	Cost int64
 	// Shadow rules are evaluated and reported but never deny.
 	Shadow bool
+	// Lease makes instances spend leased slices of the key's quota locally
+	// instead of asking the store for every request, never over the limit
+	// (lease.go). Not for sliding_log (config rejects it).
+	Lease bool
 	// Anonymous says what a `user` key does when the request carries no user.
 	Anonymous Anonymous
 }

@@ -238,6 +238,7 @@ func (m *Manager) apply() {
 			Match:     r.Match.String(),
 			Cost:      r.Cost,
 			Shadow:    r.Shadow,
+			Lease:     r.Lease,
 			File:      valuesOf(r),
 		}
 		e := r
@@ -417,6 +418,7 @@ type RuleView struct {
 	Match     string   `json:"match"`
 	Cost      int64    `json:"cost"`
 	Shadow    bool     `json:"shadow"`
+	Lease     bool     `json:"lease"`
 	File      Values   `json:"file"`
 	// Override is the active override, or null.
 	Override *Override `json:"override"`
@@ -473,6 +475,6 @@ func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 }
 
 func signature(r *limits.Rule) string {
-	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d", r.Match.String(), keyParts(r), r.Algorithm,
-		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous)
+	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d|%t", r.Match.String(), keyParts(r), r.Algorithm,
+		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, r.Lease)
 }

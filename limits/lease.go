@@ -275,8 +275,10 @@ type leaseEntry struct {
 type heldSlice struct {
 	id      string
 	granted int64
-	// until is the local time (µs) it may be spent before.
-	until int64
+	// until is the local time (µs) it may be spent before; window, for
+	// the window algorithms, the store time its window ends (all the
+	// slices an entry holds are of one window).
+	until, window int64
 }
 
 // leaseJob gives slices of one key back.
@@ -497,11 +499,13 @@ func (e *leaseEntry) clamp(n int64) int64 {
 
 // expireLocked drops e's slices that ended by now: what each still held is
 // returned (sliding_window: into the count it is now the previous of) or
-// wasted (fixed_window's count is gone; a bucket counts it spent); and a
-// bucket's oldest slice spent to the last unit is settled with the next
-// take. e.mu is held.
+// wasted (fixed_window's count is gone; a bucket counts it spent); and the
+// oldest slices spent to the last unit (a bucket's is settled with the next
+// take). e.mu is held.
 func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
-	changed := false
+	// changed: until moves; bump: a give back of a unit spent before must
+	// be refused (it could outlive what it was spent from).
+	changed, bump := false, false
 	for len(e.slices) > 0 {
 		s := e.slices[0]
 		var later int64
@@ -509,9 +513,17 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 			later += t.granted
 		}
 		if s.until > now {
-			if e.bucket && e.avail.Load() <= later {
+			if e.avail.Load() <= later {
+				// Spent to the last unit: forgotten. A window's other
+				// slices are of the same window, so a unit given back
+				// after this is as good in them (giveBack wants one of
+				// them live); a bucket's is settled with the next take,
+				// and then no unit of it may come back.
 				e.slices = e.slices[1:]
-				e.settle = append(e.settle, s.id)
+				if e.bucket {
+					e.settle = append(e.settle, s.id)
+					bump = true
+				}
 				changed = true
 				continue
 			}
@@ -519,7 +531,7 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 		}
 		unspent := e.clamp(later)
 		e.slices = e.slices[1:]
-		changed = true
+		changed, bump = true, true
 		if unspent == 0 {
 			continue
 		}
@@ -530,8 +542,10 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 			e.stats.wasted.Add(unspent)
 		}
 	}
-	if changed {
+	if bump {
 		e.epoch.Add(1)
+	}
+	if changed {
 		if len(e.slices) > 0 {
 			e.until.Store(e.slices[0].until)
 		} else {
@@ -559,12 +573,13 @@ func (e *leaseEntry) trySpend(cost, now int64) (uint64, bool) {
 	}
 }
 
-// giveBack returns cost units a request spent (another rule denied it), as
-// long as no slice went since: then they are left unspent for good.
-func (e *leaseEntry) giveBack(cost int64, ep uint64) {
+// giveBack returns cost units a request spent at now (another rule denied
+// it), as long as no slice they could belong to went since and a slice of
+// theirs is still live: otherwise they are left unspent for good.
+func (e *leaseEntry) giveBack(cost int64, ep uint64, now int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.dead || e.epoch.Load() != ep {
+	if e.dead || e.epoch.Load() != ep || now >= e.until.Load() {
 		return
 	}
 	e.avail.Add(cost)
@@ -602,12 +617,17 @@ func (lt *leaseTable) newID() string {
 }
 
 // takeLocked takes a slice for e and applies the answer; it releases and
-// retakes e.mu around the store call. need units are spent from the grant
-// at once (0 for a prefetch, which asks for at least 1). It returns the
-// grant and whether it was denied.
-func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry, r *Rule, need, now, nowUS int64) (LeaseGrant, error) {
+// retakes e.mu around the store call. need units of the grant are spent at
+// once (0 for a prefetch, which asks for at least 1), on top of reserved
+// units the caller already took from e's slices. covered reports that the
+// caller's need and reserved units stand; it is false when the grant came
+// from a later window than e's slices (the take ran after their window
+// ended in the store's time): those slices end at once, reserved units
+// with them, and the grant goes into avail whole unless it covers the
+// caller's need and reserved units by itself.
+func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry, r *Rule, need, reserved, now, nowUS int64) (g LeaseGrant, covered, fresh bool, err error) {
 	if lt.closed.Load() {
-		return LeaseGrant{}, errLeasesClosed
+		return LeaseGrant{}, false, false, errLeasesClosed
 	}
 	ask := max(need, 1)
 	want := lt.sizeLocked(e, r, ask, now, wall(nowUS))
@@ -618,7 +638,6 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 	t := &LeaseTake{Check: r.Check(e.key, ask), Want: want, ID: lt.newID(), TTLUS: PeriodUS(lt.opt.TTL),
 		Settle: settle, NowUS: nowUS}
 	e.mu.Unlock()
-	var g LeaseGrant
 	refused, err := l.call(OpLease, func() (err error) {
 		g, err = lt.store.TakeLease(ctx, t)
 		return err
@@ -633,7 +652,7 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 	case err != nil:
 		e.settle = append(e.settle, settle...)
 		e.stats.takeFailed.Add(1)
-		return g, err
+		return g, false, false, err
 	case g.Granted <= 0:
 		e.stats.takeDenied.Add(1)
 		retry := g.Result.RetryUS
@@ -652,32 +671,75 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 		}
 		e.storeRem.Store(g.Result.Remaining)
 		e.resetAt.Store(now + g.Result.ResetUS)
-		return g, nil
+		return g, false, false, nil
 	}
+	e.stats.takes.Add(1)
+	e.stats.units.Add(g.Granted)
 	span := g.UntilUS - g.NowUS
 	if nowUS == 0 {
 		span -= span >> driftShift
 	}
-	s := heldSlice{id: t.ID, granted: g.Granted, until: now + span}
+	sl := heldSlice{id: t.ID, granted: g.Granted, until: now + span, window: g.UntilUS}
 	if e.dead {
 		// Killed while the take was out: give it all back.
 		lt.queue(&leaseJob{check: t.Check, slices: []SliceReturn{{ID: t.ID, Unspent: g.Granted - need}}, stats: e.stats})
-		return g, nil
+		return g, true, false, nil
 	}
-	i := sort.Search(len(e.slices), func(i int) bool { return e.slices[i].until > s.until })
+	covered = true
+	keep := g.Granted - need
+	if !e.bucket && len(e.slices) > 0 && g.UntilUS > e.slices[len(e.slices)-1].window {
+		// The store counted this grant in a later window: the slices of
+		// the earlier one cannot be spent any more (nor what the caller
+		// reserved of them), and nothing of two windows may mix.
+		lt.endWindowLocked(e, reserved)
+		covered = g.Granted >= need+reserved
+		fresh = covered
+		if covered {
+			keep = g.Granted - need - reserved
+		} else {
+			keep = g.Granted
+		}
+	}
+	i := sort.Search(len(e.slices), func(i int) bool { return e.slices[i].until > sl.until })
 	e.slices = append(e.slices, heldSlice{})
 	copy(e.slices[i+1:], e.slices[i:])
-	e.slices[i] = s
+	e.slices[i] = sl
 	e.until.Store(e.slices[0].until)
-	e.avail.Add(g.Granted - need)
+	e.avail.Add(keep)
 	e.low.Store(g.Granted / 2)
 	e.lastGrant = g.Granted
 	e.exUntil = 0
 	e.storeRem.Store(g.Result.Remaining)
 	e.resetAt.Store(now + g.Result.ResetUS)
-	e.stats.takes.Add(1)
-	e.stats.units.Add(g.Granted)
-	return g, nil
+	return g, covered, fresh, nil
+}
+
+// endWindowLocked ends every slice of e (a window's, whose window has
+// ended in the store's time) at once: what they hold, plus extra units a
+// caller reserved of them, is returned (sliding_window, into what is now the
+// previous count) or wasted (fixed_window). e.mu is held.
+func (lt *leaseTable) endWindowLocked(e *leaseEntry, extra int64) {
+	left := e.clamp(0) + extra
+	r := e.rule.Load()
+	var j *leaseJob
+	if r.Algorithm == SlidingWindow {
+		j = &leaseJob{check: r.Check(e.key, 0), stats: e.stats}
+	}
+	for i := len(e.slices) - 1; i >= 0 && left > 0; i-- {
+		u := min(left, e.slices[i].granted)
+		left -= u
+		if j != nil {
+			j.slices = append(j.slices, SliceReturn{ID: e.slices[i].id, Unspent: u})
+		} else {
+			e.stats.wasted.Add(u)
+		}
+	}
+	if j != nil && len(j.slices) > 0 {
+		lt.queue(j)
+	}
+	e.slices = e.slices[:0]
+	e.until.Store(0)
+	e.epoch.Add(1)
 }
 
 // leaseOutcome is what acquire decided for one leased check.
@@ -757,10 +819,15 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 		if now < e.until.Load() {
 			reserved = e.clamp(0)
 		}
-		g, err := lt.takeLocked(ctx, l, e, r, cost-reserved, now, nowUS)
+		g, covered, fresh, err := lt.takeLocked(ctx, l, e, r, cost-reserved, reserved, now, nowUS)
+		if err == nil && g.Granted > 0 && !covered {
+			// A new window began in the store: decide again from it.
+			e.mu.Unlock()
+			continue
+		}
 		if err != nil || g.Granted <= 0 {
 			if reserved > 0 {
-				if !e.dead && e.epoch.Load() == ep {
+				if !e.dead && e.epoch.Load() == ep && now < e.until.Load() {
 					e.avail.Add(reserved)
 				} else {
 					e.stats.wasted.Add(reserved)
@@ -771,6 +838,11 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 				return leaseOutcome{err: err}
 			}
 			return leaseOutcome{res: Result{Remaining: max(g.Result.Remaining+reserved, 0), ResetUS: g.Result.ResetUS, RetryUS: g.Result.RetryUS}}
+		}
+		if fresh {
+			// The earlier window's slices ended; the grant covered this
+			// decision whole: a give back goes to the new window.
+			ep = e.epoch.Load()
 		}
 		e.spent.Add(cost)
 		res := e.allowed(r, now)
@@ -813,7 +885,7 @@ func (lt *leaseTable) prefetchNow(l *Limiter, e *leaseEntry, nowUS int64) {
 	lt.expireLocked(e, now)
 	ctx, cancel := context.WithTimeout(context.Background(), lt.opt.Timeout)
 	defer cancel()
-	_, _ = lt.takeLocked(ctx, l, e, e.rule.Load(), 0, now, nowUS)
+	_, _, _, _ = lt.takeLocked(ctx, l, e, e.rule.Load(), 0, 0, now, nowUS)
 }
 
 // leaseScratch is a Decision's room for its leased checks.
@@ -829,14 +901,14 @@ type leaseScratch struct {
 // leaseSpend is one leased check's spend, to give back if the request is
 // denied after all.
 type leaseSpend struct {
-	e     *leaseEntry
-	cost  int64
-	epoch uint64
+	e         *leaseEntry
+	cost, now int64
+	epoch     uint64
 }
 
 func (s *leaseScratch) giveBack() {
 	for _, sp := range s.spent {
-		sp.e.giveBack(sp.cost, sp.epoch)
+		sp.e.giveBack(sp.cost, sp.epoch, sp.now)
 	}
 	clear(s.spent)
 	s.spent = s.spent[:0]
@@ -870,7 +942,7 @@ func (l *Limiter) decideLeased(ctx context.Context, d *Decision, nowUS int64) (a
 		}
 		d.res[i] = out.res
 		if out.spent {
-			s.spent = append(s.spent, leaseSpend{e: out.e, cost: v.Cost, epoch: out.epoch})
+			s.spent = append(s.spent, leaseSpend{e: out.e, cost: v.Cost, now: now, epoch: out.epoch})
 		}
 		if !out.res.Allowed && !v.Rule.Shadow {
 			denied = true
@@ -937,6 +1009,7 @@ func (lt *leaseTable) rulesChanged(rules []*Rule) {
 	for _, r := range rules {
 		if r.Lease {
 			byName[r.Name] = r
+			lt.ruleStats(r.Name) // its series exist from the start
 		}
 	}
 	for i := range lt.shards {

@@ -325,8 +325,10 @@ func TestLeaseNeverOverLimit(t *testing.T) {
 				}
 			}
 			t.Logf("%s in all: %+v", sc.name, all)
-			if rounds := int64(len(leasable()) * 3 * sc.rounds); all.returned == 0 || all.kills == 0 || 3*all.lost > rounds {
-				t.Fatalf("no returns or kills, or too many rounds lost to Redis's clock: %+v", all)
+			// A round Redis expired a key of on its own clock ends early:
+			// at least half of the steps must have run.
+			if planned := int64(len(leasable()) * 3 * sc.rounds * sc.steps); all.returned == 0 || all.kills == 0 || 2*all.steps < planned {
+				t.Fatalf("no returns or kills, or fewer than half of the %d steps run (rounds lost to Redis's clock): %+v", planned, all)
 			}
 		})
 	}

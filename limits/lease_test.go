@@ -403,7 +403,7 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 	// The window ends; the sweep drops the slice.
 	g.now = (g.now/1_000_000 + 1) * 1_000_000
 	lt.sweep(g.now)
-	e.giveBack(1, ep)
+	e.giveBack(1, ep, g.now)
 	if a := e.avail.Load(); a != 0 {
 		t.Fatalf("avail %d after the give back of a unit of an ended slice (was %d)", a, before)
 	}
@@ -415,7 +415,7 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 		t.Fatal("nothing to spend in the new window")
 	}
 	a := e.avail.Load()
-	e.giveBack(1, ep)
+	e.giveBack(1, ep, g.now)
 	if e.avail.Load() != a+1 {
 		t.Fatal("a live slice's unit was not given back")
 	}
@@ -520,5 +520,31 @@ func TestLeaseConcurrentExact(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// TestLeaseAllocs: a decision served from a slice allocates nothing, alone
+// and with a rule the store decides.
+func TestLeaseAllocs(t *testing.T) {
+	if raceOn {
+		t.Skip("allocation counts are only meaningful without -race")
+	}
+	mem := newMemoryStore(time.Hour)
+	t.Cleanup(func() { mem.Close() })
+	global := leasedRule("global", FixedWindow, 1_000_000_000, time.Hour)
+	perUser := &Rule{Name: "per-user", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: FixedWindow, Limit: 100, Period: time.Minute, Burst: 100, Cost: 1}
+	for _, rules := range [][]*Rule{{global}, {global, perUser}} {
+		l := New(Options{Store: nopStore{}, Prefix: "rg", Rules: rules, Leaser: mem, Lease: LeaseOptions{SyncPrefetch: true}})
+		req := &Request{User: []byte("alice")}
+		var d Decision
+		ctx := context.Background()
+		for i := 0; i < 20_000; i++ {
+			if err := l.Decide(ctx, req, &d); err != nil || !d.Admitted {
+				t.Fatalf("decide: %v %+v", err, d)
+			}
+		}
+		if n := testing.AllocsPerRun(1000, func() { _ = l.Decide(ctx, req, &d) }); n != 0 {
+			t.Fatalf("%d rules: %v allocations per leased decision, want 0", len(rules), n)
+		}
 	}
 }

@@ -216,6 +216,8 @@ type leaseTable struct {
 	closed   atomic.Bool
 	jobs     chan *leaseJob
 	prefetch chan struct{}
+	// bg counts the background takes in flight (ReturnLeases waits).
+	bg sync.WaitGroup
 
 	statsMu sync.Mutex
 	stats   atomic.Pointer[map[string]*leaseRuleStats]
@@ -868,7 +870,9 @@ func (lt *leaseTable) maybePrefetch(l *Limiter, e *leaseEntry, cost, nowUS int64
 		e.prefetching.Store(false)
 		return
 	}
+	lt.bg.Add(1)
 	go func() {
+		defer lt.bg.Done()
 		defer func() { <-lt.prefetch }()
 		lt.prefetchNow(l, e, 0)
 	}()
@@ -1176,6 +1180,17 @@ func (l *Limiter) ReturnLeases(ctx context.Context, nowUS int64) int64 {
 		return 0
 	}
 	lt.closed.Store(true)
+	// Background takes in flight end within Timeout; what they bring back
+	// is queued to be returned (their entries are ended below).
+	waited := make(chan struct{})
+	go func() {
+		lt.bg.Wait()
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+	}
 	var jobs []*leaseJob
 	for i := range lt.shards {
 		sh := &lt.shards[i]

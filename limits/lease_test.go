@@ -462,7 +462,7 @@ func TestLeaseConcurrentExact(t *testing.T) {
 	for _, sc := range []struct {
 		name string
 		open func(t *testing.T) lmStore
-	}{{"memory", memoryLMStore}, {"redis", redisLMStore}} {
+	}{{"memory", memoryLMStore}, {"redis", redisLMStore}, {"cluster", clusterLMStore}} {
 		t.Run(sc.name, func(t *testing.T) {
 			s := sc.open(t)
 			for ai, algo := range leasable() {
@@ -546,5 +546,88 @@ func TestLeaseAllocs(t *testing.T) {
 		if n := testing.AllocsPerRun(1000, func() { _ = l.Decide(ctx, req, &d) }); n != 0 {
 			t.Fatalf("%d rules: %v allocations per leased decision, want 0", len(rules), n)
 		}
+	}
+}
+
+// clusterLMStore is the shared Redis Cluster: a lease record lives in the
+// slot of its key, and a take is one script on that slot's primary.
+func clusterLMStore(t *testing.T) lmStore {
+	c := sharedCluster.get(t)
+	rs, err := OpenRedis(RedisOptions{ClusterAddrs: c.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	return lmStore{name: "cluster", store: rs, leaser: rs}
+}
+
+// delayedLeaser runs the next take later on the store's clock than the
+// instance asked (a slow network), once.
+type delayedLeaser struct {
+	Leaser
+	delay atomic.Int64
+}
+
+func (d *delayedLeaser) TakeLease(ctx context.Context, t *LeaseTake) (LeaseGrant, error) {
+	if dl := d.delay.Swap(0); dl != 0 && t.NowUS != 0 {
+		tt := *t
+		tt.NowUS += dl
+		return d.Leaser.TakeLease(ctx, &tt)
+	}
+	return d.Leaser.TakeLease(ctx, t)
+}
+
+// TestLeaseTakeInLaterWindow: a take sent just before its window ended but
+// run by the store after it (the grant is the next window's) ends the
+// earlier window's slices at once: nothing of two windows is spent
+// together, and the earlier window's units are not spent in the next one.
+func TestLeaseTakeInLaterWindow(t *testing.T) {
+	mem := newMemoryStore(time.Hour)
+	t.Cleanup(func() { mem.Close() })
+	dl := &delayedLeaser{Leaser: mem}
+	r := leasedRule("global", FixedWindow, 1000, time.Second)
+	l := New(Options{Store: mem, Prefix: "lw", Rules: []*Rule{r}, Leaser: dl, Lease: LeaseOptions{SyncPrefetch: true}})
+	ctx := context.Background()
+	now := (time.Now().UnixMicro()/1_000_000 + 1) * 1_000_000
+	var d Decision
+	decide := func(cost int64) {
+		t.Helper()
+		if err := l.DecideAt(ctx, &Request{Cost: cost}, &d, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 600; i++ {
+		now += 1000
+		decide(1)
+	}
+	_, held := l.LeasesHeld()
+	if held == 0 {
+		t.Fatal("nothing held")
+	}
+	// 1 ms before the window ends, a request needs more than is held; its
+	// take runs 2 ms later on the store's clock: in the next window.
+	now = (now/1_000_000+1)*1_000_000 - 1000
+	dl.delay.Store(2000)
+	decide(held + 1)
+	if !d.Admitted {
+		t.Fatalf("denied: %+v", d.Verdicts)
+	}
+	st := l.LeaseStats()[0]
+	if st.Wasted < held {
+		t.Fatalf("the earlier window's %d units are not all ended: stats %+v", held, st)
+	}
+	e := l.leases.entry("lw:{global:}:fw", r, now)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.slices {
+		if s.window != (now/1_000_000+1)*1_000_000+1_000_000 {
+			t.Fatalf("a slice of another window is held: %+v (now %d)", e.slices, now)
+		}
+	}
+	// The next window's count holds the request and what is held, nothing
+	// of the earlier one.
+	res, _ := mem.PeekAt(r.Check("lw:{global:}:fw", 0), now+2000)
+	if used := r.Limit - res.Remaining; used != held+1+e.avail.Load() {
+		t.Fatalf("the new window's count holds %d; the request took %d and %d are held", used, held+1, e.avail.Load())
 	}
 }

@@ -709,7 +709,9 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 	e.until.Store(e.slices[0].until)
 	e.avail.Add(keep)
 	e.low.Store(g.Granted / 2)
-	e.lastGrant = g.Granted
+	// The growth cap follows the grants, but one cut short (a window's
+	// end, a denial's remainder) halves it rather than resetting it.
+	e.lastGrant = max(g.Granted, e.lastGrant/2)
 	e.exUntil = 0
 	e.storeRem.Store(g.Result.Remaining)
 	e.resetAt.Store(now + g.Result.ResetUS)

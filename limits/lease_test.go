@@ -631,3 +631,33 @@ func TestLeaseTakeInLaterWindow(t *testing.T) {
 		t.Fatalf("the new window's count holds %d; the request took %d and %d are held", used, held+1, e.avail.Load())
 	}
 }
+
+// TestLeaseDroppedWhenStoreLosesData: when Redis lost its data (the epoch
+// marker says so), what the slices held is no longer counted there: it is
+// dropped, not spent, and not given back into the new counts.
+func TestLeaseDroppedWhenStoreLosesData(t *testing.T) {
+	r := leasedRule("global", FixedWindow, 1000, time.Hour)
+	g := newLeaseRig(t, 1, LeaseOptions{}, r)
+	for i := 0; i < 300; i++ {
+		g.now += 100
+		g.decide(0, "", 0)
+	}
+	_, held := g.lims[0].LeasesHeld()
+	if held == 0 {
+		t.Fatal("nothing held")
+	}
+	// The store loses everything (FLUSHALL), and another instance counts 5.
+	g.mem.Reset(context.Background(), r.Check("lt:{global:}:fw", 0))
+	g.mem.Reset(context.Background(), r.Check(LeaseKey("lt:{global:}:fw"), 0))
+	g.lims[0].DropLeases()
+	if keys, units := g.lims[0].LeasesHeld(); keys != 0 || units != 0 {
+		t.Fatalf("after the drop %d keys, %d units held", keys, units)
+	}
+	if st := g.lims[0].LeaseStats()[0]; st.Wasted != held || st.Returned != 0 {
+		t.Fatalf("stats %+v, want %d wasted and nothing returned", st, held)
+	}
+	g.lims[0].SweepLeasesAt(context.Background(), g.now)
+	if g.cl.returns.Load() != 0 {
+		t.Fatal("dropped slices were given back into the new counts")
+	}
+}

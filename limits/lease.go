@@ -32,7 +32,10 @@ import (
 //     spends with one compare-and-swap on avail, after checking that the
 //     oldest slice has not ended (until). Units are fungible: the oldest
 //     slice is taken to be spent first, so when it ends, what it still
-//     holds is what avail has beyond the units of the later slices.
+//     holds is what avail has beyond the units of the later slices. The
+//     slices of a window algorithm are all of one window: a grant the
+//     store counted in a later window (a take sent just before the end,
+//     run just after) ends the earlier window's slices at once.
 //   - Slices are sized to what this instance spent in the last Horizon,
 //     measured between takes, growing at most twice as fast as the last
 //     grant and never beyond 1/8 of the limit (windows) or burst (buckets),

@@ -33,6 +33,9 @@ type KeyView struct {
 	Raw *limits.RawValue `json:"raw"`
 	// RawError says why Raw is missing.
 	RawError string `json:"raw_error,omitempty"`
+	// Lease, for a rule with lease: true, is what this instance holds of
+	// the key and what the store says is leased (every instance's slices).
+	Lease *limits.LeaseState `json:"lease,omitempty"`
 	// Reset is true on a DELETE answer.
 	Reset bool `json:"reset,omitempty"`
 	// IdentityOverride is the identity override or exception that applies
@@ -178,6 +181,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 	v.ResetUS = max(st.Result.ResetUS, 0)
 	v.ResetSeconds = (v.ResetUS + 999_999) / 1_000_000
 	v.Raw = st.Raw
+	v.Lease = st.Lease
 	if st.RawErr != nil {
 		v.RawError = st.RawErr.Error()
 	}

@@ -458,8 +458,38 @@ func (c *client) key(args []string, method string) int {
 	case v.RawError != "":
 		fmt.Fprintf(tw, "raw\t(%s)\n", v.RawError)
 	}
+	if l := v.Lease; l != nil {
+		fmt.Fprintf(tw, "leased here\t%s\n", describeHeld(&l.Held))
+		switch {
+		case l.Store != nil:
+			fmt.Fprintf(tw, "leased in all\t%d units in %d slices%s\n", l.Store.Units, len(l.Store.Slices), describeSlices(l.Store.Slices))
+		case l.StoreError != "":
+			fmt.Fprintf(tw, "leased in all\t(%s)\n", l.StoreError)
+		}
+	}
 	tw.Flush()
 	return cliOK
+}
+
+// describeHeld says what this instance holds of a leased key.
+func describeHeld(h *limits.LeaseHeld) string {
+	s := fmt.Sprintf("%d units to spend, %d slices%s, spending %.0f/s (instance %s)",
+		h.Units, len(h.Slices), describeSlices(h.Slices), h.RatePerSecond, h.Instance)
+	if h.DeniedForMS > 0 {
+		s += fmt.Sprintf("; nothing left to lease: denied here for %dms more", h.DeniedForMS)
+	}
+	return s
+}
+
+func describeSlices(ss []limits.SliceView) string {
+	parts := make([]string, 0, len(ss))
+	for _, s := range ss {
+		parts = append(parts, fmt.Sprintf("%s: %d, ends in %dms", s.ID, s.Granted, s.EndsInMS))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 func describeRaw(r *limits.RawValue) string {

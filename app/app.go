@@ -146,6 +146,10 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	if lo.DenyCache != nil {
 		a.metrics.ObserveDenyCache(lo.DenyCache)
 	}
+	if lo.Leaser != nil {
+		a.metrics.ObserveLeases(a.limiter)
+		a.goBG(a.limiter.RunLeases)
+	}
 
 	a.rules = policy.NewManager(policy.ManagerOptions{
 		Config: cfg, Limiter: a.limiter, Metrics: a.metrics, Overrides: overrides, Log: a.log,
@@ -199,6 +203,9 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 		"Circuit breaker in front of Redis: 0 closed (deciding), 1 open (failure_mode answers), 2 half-open (trying).",
 		func() float64 { return float64(a.breaker.State()) })
 	lo.Breaker = a.breaker
+	// Rules with lease: true spend slices of their quota leased from
+	// Redis (limits/lease.go).
+	lo.Leaser = rs
 	// The fallback decides a request the store could not: always when
 	// one decision fails while Redis is up, and while it is down when
 	// failure_mode is local.
@@ -273,6 +280,9 @@ func (a *App) watchEpoch(rs *redisstore.Store, prefix string, dc *limits.DenyCac
 				cleared = dc.Len()
 				dc.Clear()
 			}
+			// What the slices held was counted in the lost data: not
+			// to be spent (nor given back into new counts).
+			a.limiter.DropLeases()
 			a.log.Warn().Int("cached_denials_cleared", cleared).
 				Msg("Redis lost its data (FLUSHALL, a restart without persistence, or a failover to an empty replica): counters start from zero, cached denials are dropped, and runtime overrides kept there are gone")
 		})
@@ -410,10 +420,21 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 // ErrUnsafe is Run's error for a configuration it refuses to serve.
 var ErrUnsafe = errors.New("unsafe configuration")
 
-// Close stops the background tasks and closes the stores.
+// leaseReturnGrace bounds the return of leased slices at shutdown.
+const leaseReturnGrace = 2 * time.Second
+
+// Close stops the background tasks, gives back the leased slices this
+// instance holds (so that the others can spend them), and closes the stores.
 func (a *App) Close() {
 	a.stopBG()
 	a.wg.Wait()
+	if keys, units := a.limiter.LeasesHeld(); keys > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnGrace)
+		back := a.limiter.ReturnLeases(ctx, 0)
+		cancel()
+		a.log.Info().Int("keys", keys).Int64("units_held", units).Int64("units_returned", back).
+			Msg("leased slices given back")
+	}
 	if a.breaker != nil {
 		a.breaker.Close()
 	}

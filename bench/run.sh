@@ -14,7 +14,7 @@
 # connections instead of the shipped 32 and 16; the results say so)
 # BENCH_KEEP=1 keeps the work directory (configs and every server's log).
 # BENCH_PPROF=1 saves CPU profiles of rategate (bench/results/profiles-<time>/).
-# BENCH_LEASE=1 adds hot-key's rategate-lease arm (the rule with lease: true).
+# BENCH_LEASE=0 leaves out hot-key's rategate-lease arm (the rule with lease: true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

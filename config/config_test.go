@@ -71,6 +71,9 @@ var invalidCases = map[string][]string{
 	"sliding_log_over_cap.yaml": {
 		`rules[0] "search": limit must be <= 10000 for sliding_log, got 20000: the log keeps a Redis entry (about 110 bytes) per admitted request for a whole period; use sliding_window (O(1) per key, approximate) or gcra (exact, evenly spaced) for larger limits`,
 	},
+	"lease_sliding_log.yaml": {
+		`rules[0] "search": lease cannot be exact for sliding_log: a leased unit is counted when its slice is taken and spent later, and sliding_log lets every admission leave the log exactly one period after its own time, so a unit spent after it was counted would leave before its request's period ended and some period could hold more than the limit; lease a fixed_window, sliding_window, gcra or token_bucket rule instead`,
+	},
 	"cost_over_burst.yaml": {
 		`rules[0] "export": cost 6 is more than the burst (5): such a request could never be allowed`,
 	},
@@ -213,6 +216,8 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`rules[0] "a": line 6: key must be a list such as [a, b], got "ip"`}},
 		{"shadow is not a bool", "rules:\n  - name: a" + rule + "    shadow: yes\n",
 			[]string{`rules[0] "a": line 6: shadow must be true or false, got "yes"`}},
+		{"lease is not a bool", "rules:\n  - name: a" + rule + "    lease: 1\n",
+			[]string{`rules[0] "a": line 6: lease must be true or false, got 1`}},
 		{"limit is a float", "rules:\n  - name: a\n    algorithm: gcra\n    limit: 1e3\n    period: 1m\n",
 			[]string{`rules[0] "a": line 4: limit must be a whole number, got 1e3`}},
 		{"limit overflows", "rules:\n  - name: a\n    algorithm: gcra\n    limit: 99999999999999999999\n    period: 1m\n",
@@ -430,6 +435,7 @@ func TestLoadFull(t *testing.T) {
 				Period:    400 * 24 * time.Hour,
 				Burst:     1_000_000_000,
 				Cost:      1,
+				Lease:     true,
 				Anonymous: limits.AnonymousSkip,
 			},
 		},
@@ -605,7 +611,7 @@ func TestDescribe(t *testing.T) {
 		`header X-Plan: "free"`, "user, header:X-Tenant, route", "gcra", "10 per 1s", "burst:      10",
 		`rule "export_7d"`, "70 per 7d", "burst:      20", "cost:       5", "shadow:     yes",
 		`rule "sliding-log"`, "50 per 36h", "none (one global counter)",
-		`rule "sliding-window"`, "1000000000 per 400d",
+		`rule "sliding-window"`, "1000000000 per 400d", "lease:      yes (each instance spends slices",
 		"each IPv6 client is its /56", "uri X-Uri (else url X-Url)", "request id X-Trace",
 	} {
 		if !strings.Contains(desc, s) {

@@ -245,6 +245,7 @@ type rawRule struct {
 	Shadow     opt[bool]
 	Exceptions opt[[]rawException]
 	Adaptive   rawAdaptive
+	Lease      opt[bool]
 }
 
 func (r *rawRule) fields() []field {
@@ -260,6 +261,7 @@ func (r *rawRule) fields() []field {
 		{"shadow", &r.Shadow},
 		{"adaptive", &r.Adaptive},
 		{"exceptions", &r.Exceptions},
+		{"lease", &r.Lease},
 	}
 }
 

@@ -160,4 +160,7 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 		describeAdaptive(field, r.Adaptive)
 	}
 	describeExceptions(b, r)
+	if r.Lease {
+		field("lease", "yes (each instance spends slices of the quota leased from the store, never over the limit)")
+	}
 }

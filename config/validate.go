@@ -529,6 +529,15 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 		}
 	}
 
+	if v := &rr.Lease; v.ok() && v.V {
+		r.Lease = true
+		if algOK {
+			if msg := checkLease(r.Algorithm); msg != "" {
+				at(v.Line, "%s", msg)
+			}
+		}
+	}
+
 	if v := &rr.Cost; v.ok() {
 		r.Cost = v.V
 		capOK := algOK && burstOK // for window algorithms Burst == Limit
@@ -667,6 +676,15 @@ func checkAlgorithmLimit(alg limits.Algorithm, limit int64) string {
 	return fmt.Sprintf("limit must be <= %d for %s, got %d%s", info.MaxLimit, alg, limit, why)
 }
 
+// checkLease says why a rule of the algorithm cannot be leased, or "".
+func checkLease(alg limits.Algorithm) string {
+	if alg.Leasable() {
+		return ""
+	}
+	return fmt.Sprintf("lease cannot be exact for %s: a leased unit is counted when its slice is taken and spent later, and %s lets every admission leave the log exactly one period after its own time, so a unit spent after it was counted would leave before its request's period ended and some period could hold more than the limit; lease a fixed_window, sliding_window, gcra or token_bucket rule instead",
+		alg, alg)
+}
+
 func checkBurst(v int64) string {
 	if msg := between(v, 1, maxLimit); msg != "" {
 		return "burst " + msg
@@ -751,6 +769,9 @@ func CheckRule(r *limits.Rule) error {
 		capOK = false
 	}
 	add(checkCost(r.Cost, r.Algorithm, r.Burst, capOK))
+	if r.Lease && algOK {
+		add(checkLease(r.Algorithm))
+	}
 	if errs == nil {
 		return nil
 	}

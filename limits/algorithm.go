@@ -28,6 +28,11 @@ type AlgorithmInfo struct {
 	Burst bool
 	// MaxLimit bounds a rule's limit below the general bound; 0 = none.
 	MaxLimit int64
+	// Leasable says whether a rule of it can be leased exactly (lease.go).
+	// sliding_log cannot: its admissions leave the log one period after
+	// their own time, so a unit spent later than it was counted would
+	// leave early.
+	Leasable bool
 }
 
 // MaxSlidingLogLimit is the largest limit a sliding_log rule may have (config
@@ -42,11 +47,11 @@ const MaxSlidingLogLimit = 10_000
 // algorithmTable is the one list of algorithms, in code order (the order the
 // docs present them).
 var algorithmTable = [...]AlgorithmInfo{
-	{Name: FixedWindow, Code: 1, Suffix: "fw"},
+	{Name: FixedWindow, Code: 1, Suffix: "fw", Leasable: true},
 	{Name: SlidingLog, Code: 2, Suffix: "sl", MaxLimit: MaxSlidingLogLimit},
-	{Name: SlidingWindow, Code: 3, Suffix: "sw"},
-	{Name: GCRA, Code: 4, Suffix: "gc", Burst: true},
-	{Name: TokenBucket, Code: 5, Suffix: "tb", Burst: true},
+	{Name: SlidingWindow, Code: 3, Suffix: "sw", Leasable: true},
+	{Name: GCRA, Code: 4, Suffix: "gc", Burst: true, Leasable: true},
+	{Name: TokenBucket, Code: 5, Suffix: "tb", Burst: true, Leasable: true},
 }
 
 // Algorithms lists every algorithm in code order.
@@ -82,6 +87,12 @@ func (a Algorithm) Valid() bool {
 func (a Algorithm) UsesBurst() bool {
 	info, _ := a.Info()
 	return info.Burst
+}
+
+// Leasable reports whether a rule of the algorithm can be leased exactly.
+func (a Algorithm) Leasable() bool {
+	info, _ := a.Info()
+	return info.Leasable
 }
 
 // Code returns the number the Lua drivers use for a, or 0.

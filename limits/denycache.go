@@ -277,7 +277,9 @@ func (c *DenyCache) putDecision(gen uint64, d *Decision, now int64, exactClock b
 	var others []seen
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
-		if v.Result.Allowed || v.Rule.Shadow || v.Result.RetryUS == 0 {
+		if v.Result.Allowed || v.Rule.Shadow || v.Rule.Lease || v.Result.RetryUS == 0 {
+			// A leased rule's denial is never cached: units other
+			// instances give back can make it admit before its retry.
 			continue
 		}
 		if others == nil && len(d.Verdicts) > 1 {

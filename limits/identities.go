@@ -372,10 +372,6 @@ func blockVerdict(e IdentityEntry, key string, cost, nowUS int64) Verdict {
 	return Verdict{Rule: e.Rule, Key: key, Cost: cost, Result: res}
 }
 
-// notAsked is the result reported for a rule a denied request did not ask
-// the store about: its full quota (a denied request consumes nothing).
-func notAsked(r *Rule) Result { return Result{Allowed: true, Remaining: max(r.Burst, r.Limit)} }
-
 // Identity returns the identity override that applies to req under rule r
 // now (r as the limiter has it: Rule or Rules), for the admin API.
 func (l *Limiter) Identity(r *Rule, req *Request) (IdentityEntry, bool) {

@@ -315,7 +315,7 @@ func TestIdentityChangeKeepsDenyCacheExact(t *testing.T) {
 // TestIdentityConcurrentExact: 200 concurrent requests of an overridden
 // identity admit exactly its own limit, on each store.
 func TestIdentityConcurrentExact(t *testing.T) {
-	eachStore(t, func(t *testing.T, store limits.Store) {
+	eachStore(t, func(t *testing.T, store limits.Store, _ limits.Leaser) {
 		base := &limits.Rule{Name: "conc", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.GCRA, Limit: 10,
 			Period: storetest.ConcurrencyPeriod, Burst: 10, Cost: 1}
 		d := base.Derive(limits.IdentityLimit)
@@ -413,12 +413,13 @@ func mustIdent(t *testing.T, r *limits.Rule, req *limits.Request) []byte {
 	return b
 }
 
-// eachStore runs fn on a fresh memory store and on a real Redis.
-func eachStore(t *testing.T, fn func(t *testing.T, s limits.Store)) {
+// eachStore runs fn on a fresh memory store and on a real Redis, each
+// given as the store and as its leaser.
+func eachStore(t *testing.T, fn func(t *testing.T, s limits.Store, leaser limits.Leaser)) {
 	t.Run("memory", func(t *testing.T) {
 		m := memstore.New()
 		t.Cleanup(func() { m.Close() })
-		fn(t, m)
+		fn(t, m, m)
 	})
 	t.Run("redis", func(t *testing.T) {
 		srv := testredis.Start(t)
@@ -427,6 +428,6 @@ func eachStore(t *testing.T, fn func(t *testing.T, s limits.Store)) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { rs.Close() })
-		fn(t, rs)
+		fn(t, rs, rs)
 	})
 }

@@ -1,5 +1,7 @@
 package limits
 
+import "strings"
+
 // Key layout: <prefix>:{<rule>:<identity>}:<suffix>
 //
 // The identity is the rule's key parts joined by '|', each value escaped so
@@ -95,3 +97,20 @@ func AppendKey(dst []byte, prefix string, r *Rule, identity []byte) []byte {
 	dst = append(dst, r.Algorithm.Suffix()...)
 	return dst
 }
+
+// SiblingKey returns a key in the hash slot of key (its hash tag, then
+// ":<suffix>"): a record that must live next to key on Redis Cluster, such
+// as its lease record or a refund marker.
+func SiblingKey(key, suffix string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[:i+1+j+1] + ":" + suffix
+		}
+	}
+	return "{" + key + "}:" + suffix
+}
+
+// LeaseKey returns the key of the lease record of a rule's key: the same
+// hash tag (the same slot), suffix "lease":
+// "rg:{login:203.0.113.7}:gc" → "rg:{login:203.0.113.7}:lease".
+func LeaseKey(key string) string { return SiblingKey(key, "lease") }

@@ -95,6 +95,7 @@ type Decision struct {
 	ident  []byte
 	batch  Batch
 	res    []Result
+	lease  leaseScratch
 }
 
 // StoreOp names a store call for a StoreObserver.
@@ -107,6 +108,8 @@ const (
 	OpReset
 	OpPing
 	OpRaw
+	// OpLease: a lease take or return (lease.go).
+	OpLease
 	NumStoreOps
 )
 
@@ -123,6 +126,8 @@ func (o StoreOp) String() string {
 		return "ping"
 	case OpRaw:
 		return "raw"
+	case OpLease:
+		return "lease"
 	}
 	return "unknown"
 }
@@ -164,6 +169,11 @@ type Options struct {
 	Inspector Inspector
 	// Observer, when set, is told about every store call.
 	Observer StoreObserver
+	// Leaser, when set, leases slices of the quota of rules with lease:
+	// true (lease.go); without one such rules are decided by the store
+	// like the others. Lease tunes the leases.
+	Leaser Leaser
+	Lease  LeaseOptions
 }
 
 // Limiter matches requests against the current rules and asks the store.
@@ -185,6 +195,8 @@ type Limiter struct {
 
 	// keys interns store keys (intern.go).
 	keys *keyIntern
+	// leases holds this instance's slices of leased rules (nil: no Leaser).
+	leases *leaseTable
 }
 
 // New returns a limiter as opts describe.
@@ -198,6 +210,9 @@ func New(opts Options) *Limiter {
 		inspector: opts.Inspector,
 		obs:       opts.Observer,
 		keys:      newKeyIntern(),
+	}
+	if opts.Leaser != nil {
+		l.leases = newLeaseTable(opts.Leaser, opts.Lease)
 	}
 	l.mode.Store(uint32(opts.FailureMode))
 	l.SetLocalShare(opts.LocalShare)
@@ -220,6 +235,10 @@ func (l *Limiter) SetRules(rules []*Rule) {
 	l.rules.Store(&rules)
 	if l.deny != nil {
 		l.deny.Clear() // after the store: see decide
+	}
+	if l.leases != nil {
+		// Slices taken under numbers no longer in force go back.
+		l.leases.rulesChanged(rules)
 	}
 }
 
@@ -291,6 +310,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	d.Exempt = d.Exempt[:0]
 	d.batch.Checks = d.batch.Checks[:0]
 	d.batch.NowUS = nowUS
+	d.lease.idx = d.lease.idx[:0]
 	var clock int64
 	probe := false
 	if dc != nil {
@@ -336,7 +356,8 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 				r = e.Rule
 			}
 		}
-		if probe && cached < 0 && !r.Shadow {
+		leased := r.Lease && l.leases != nil
+		if probe && cached < 0 && !r.Shadow && !leased {
 			if e, ok := dc.lookup(d.keyBuf, r, cost, clock); ok {
 				cached, hit = len(d.Verdicts), e
 				d.Verdicts = append(d.Verdicts, e.verdict(r, cost, clock))
@@ -346,6 +367,9 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		key := l.keys.get(d.keyBuf)
 		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
 		d.batch.Checks = append(d.batch.Checks, r.Check(key, cost))
+		if leased {
+			d.lease.idx = append(d.lease.idx, len(d.Verdicts)-1)
+		}
 	}
 	if blocked >= 0 {
 		// Decided here: nothing is asked of the store, nothing consumed.
@@ -364,34 +388,18 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	}
 	d.res = d.res[:len(d.batch.Checks)]
 
-	admitted, err := l.decideShared(ctx, d)
-	if err != nil {
-		mode := l.FailureMode()
-		d.Err, d.Mode = err, mode
-		reason := FallbackStoreDown
-		if !l.down(err) {
-			reason = FallbackCallFailed
-		}
-		if l.fallback == nil || (reason == FallbackStoreDown && mode != FailLocal) {
-			d.Undecided = true
-			d.Admitted = mode != FailDeny
+	var admitted bool
+	var err error
+	if len(d.lease.idx) > 0 {
+		var decided bool
+		if admitted, decided, err = l.decideLeased(ctx, d, nowUS); !decided {
 			return err
 		}
-		share := l.share.Load()
-		for i := range d.batch.Checks {
-			c := &d.batch.Checks[i]
-			c.Limit = max(c.Limit/share, 1)
-			c.Burst = max(c.Burst/share, 1)
+	} else if admitted, err = l.decideShared(ctx, &d.batch, d.res); err != nil {
+		var decided bool
+		if admitted, decided, err = l.decideLocal(ctx, d, &d.batch, d.res, err); !decided {
+			return err
 		}
-		// The local store never fails; its error would be a bug: then the
-		// failure mode answers.
-		var lerr error
-		if admitted, lerr = l.fallback.Decide(ctx, &d.batch, d.res); lerr != nil {
-			d.Undecided = true
-			d.Admitted = mode != FailDeny
-			return errors.Join(err, lerr)
-		}
-		d.Local, d.Fallback = true, reason
 	}
 	d.Admitted = admitted
 	j := 0
@@ -415,9 +423,42 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	return err
 }
 
-// decideShared asks the shared store, through the breaker, and tells the
-// observer.
-func (l *Limiter) decideShared(ctx context.Context, d *Decision) (bool, error) {
+// decideLocal decides b (into res) when the shared store failed with err:
+// by the local fallback, or not at all (decided false: the failure mode
+// answers, d says how). The error returned is the shared store's.
+func (l *Limiter) decideLocal(ctx context.Context, d *Decision, b *Batch, res []Result, err error) (admitted, decided bool, _ error) {
+	mode := l.FailureMode()
+	d.Err, d.Mode = err, mode
+	reason := FallbackStoreDown
+	if !l.down(err) {
+		reason = FallbackCallFailed
+	}
+	if l.fallback == nil || (reason == FallbackStoreDown && mode != FailLocal) {
+		d.Undecided = true
+		d.Admitted = mode != FailDeny
+		return false, false, err
+	}
+	share := l.share.Load()
+	for i := range b.Checks {
+		c := &b.Checks[i]
+		c.Limit = max(c.Limit/share, 1)
+		c.Burst = max(c.Burst/share, 1)
+	}
+	// The local store never fails; its error would be a bug: then the
+	// failure mode answers.
+	admitted, lerr := l.fallback.Decide(ctx, b, res)
+	if lerr != nil {
+		d.Undecided = true
+		d.Admitted = mode != FailDeny
+		return false, false, errors.Join(err, lerr)
+	}
+	d.Local, d.Fallback = true, reason
+	return admitted, true, err
+}
+
+// decideShared asks the shared store to decide b, through the breaker, and
+// tells the observer.
+func (l *Limiter) decideShared(ctx context.Context, b *Batch, res []Result) (bool, error) {
 	var t Ticket
 	if l.breaker != nil {
 		var err error
@@ -429,7 +470,7 @@ func (l *Limiter) decideShared(ctx context.Context, d *Decision) (bool, error) {
 	if l.obs != nil {
 		start = time.Now()
 	}
-	admitted, err := l.store.Decide(ctx, &d.batch, d.res)
+	admitted, err := l.store.Decide(ctx, b, res)
 	if l.obs != nil {
 		l.obs.StoreCall(OpDecide, time.Since(start), err)
 	}
@@ -517,6 +558,8 @@ type KeyState struct {
 	// says why).
 	Raw    *RawValue
 	RawErr error
+	// Lease is the key's lease, for a leased rule (lease.go).
+	Lease *LeaseState
 }
 
 // ErrNotApplicable is Inspect's and ResetKey's answer when the rule does
@@ -539,6 +582,9 @@ func (l *Limiter) Inspect(ctx context.Context, r *Rule, req *Request) (KeyState,
 	}
 	if err != nil {
 		return st, err
+	}
+	if r.Lease && l.leases != nil {
+		st.Lease = l.leaseState(ctx, r, key)
 	}
 	if l.inspector == nil {
 		st.RawErr = errors.New("the store cannot show raw values")
@@ -566,7 +612,15 @@ func (l *Limiter) ResetKey(ctx context.Context, r *Rule, req *Request) (key stri
 	if !ok {
 		return "", nil, ErrNotApplicable
 	}
-	_, err = l.call(OpReset, func() error { return l.store.Reset(ctx, r.Check(key, 0)) })
+	if r.Lease && l.leases != nil {
+		// The live slices stay counted (their holders spend them), so the
+		// reset cannot hand out what they hold a second time; this
+		// instance then gives back what it held.
+		_, err = l.call(OpReset, func() error { return l.leases.store.ResetLease(ctx, r.Check(key, 0), 0) })
+		l.forgetLease(key)
+	} else {
+		_, err = l.call(OpReset, func() error { return l.store.Reset(ctx, r.Check(key, 0)) })
+	}
 	if l.deny != nil {
 		announceErr = l.deny.KeyReset(ctx, key)
 	}

@@ -119,6 +119,10 @@ type Rule struct {
 	Cost int64
 	// Shadow rules are evaluated and reported but never deny.
 	Shadow bool
+	// Lease makes instances spend leased slices of the key's quota locally
+	// instead of asking the store for every request, never over the limit
+	// (lease.go). Not for sliding_log (config rejects it).
+	Lease bool
 	// Anonymous says what a `user` key does when the request carries no user.
 	Anonymous Anonymous
 	// Adaptive, when set, scales the limit by a factor that follows a load

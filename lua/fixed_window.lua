@@ -20,6 +20,11 @@
 -- window keeps that window's end (the strict side). With P unchanged e is
 -- always we and nothing of this shows.
 --
+-- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
+-- on PEXPIRE 1 when a millisecond boundary passes between the command's two
+-- clock reads, which would drop a count written in its window's last
+-- millisecond (the record says itself when it ends, so 1 ms more is harmless).
+--
 -- By hand: redis-cli --eval lua/fixed_window.lua rg:{demo:1.2.3.4}:fw , 0 5 60000000 5 1
 
 local function fw_int(x)
@@ -44,7 +49,7 @@ local function fixed_window(key, now, limit, period, burst, cost)
       e = we
       if cost > 0 then
         redis.call('HSET', key, 'e', fw_int(e))
-        redis.call('PEXPIRE', key, math.ceil((e - now) / 1000))
+        redis.call('PEXPIRE', key, math.max(math.ceil((e - now) / 1000), 2))
       end
     end
   else
@@ -73,7 +78,7 @@ local function fixed_window_put(key, now, limit, period, burst, count, e)
     return
   end
   redis.call('HSET', key, 'e', fw_int(e), 'n', fw_int(count))
-  redis.call('PEXPIRE', key, math.ceil((e - now) / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil((e - now) / 1000), 2))
 end
 
 -- fixed_window_refund gives back cost, which a commit at `at` added, when the

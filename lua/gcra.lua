@@ -35,6 +35,11 @@
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
 -- limits/memstore/algo_gcra.go is the in-memory twin, step for step.
 --
+-- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
+-- on PEXPIRE 1 when a millisecond boundary passes between the command's two
+-- clock reads, which would drop a count written in its window's last
+-- millisecond (the record says itself when it ends, so 1 ms more is harmless).
+--
 -- By hand: redis-cli --eval lua/gcra.lua rg:{demo:1.2.3.4}:gc , 0 1 1000000 5 1
 
 -- gc_times returns k*T as (whole µs, numerator over L), for 0 <= k < 2^30.
@@ -137,7 +142,7 @@ local function gcra(key, now, limit, period, burst, cost)
         if df > 0 then ttl = di + 1 end
         redis.call('HSET', key, 't', string.format('%d', now + di), 'f', string.format('%d', df),
           'l', string.format('%d', limit), 'p', string.format('%d', period))
-        redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+        redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
         same = true
       else
         redis.call('DEL', key)
@@ -172,7 +177,7 @@ local function gcra_put(key, now, limit, period, burst, t, f, ttl, rule)
   else
     redis.call('HSET', key, 't', string.format('%d', t), 'f', string.format('%d', f))
   end
-  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
 end
 
 -- gcra_refund takes back the c*T a commit at `at` added to the TAT (see
@@ -211,7 +216,7 @@ local function gcra_refund(key, now, limit, period, burst, cost, at, rem, reset)
   local ttl = ni - now
   if nf > 0 then ttl = ttl + 1 end
   redis.call('HSET', key, 't', string.format('%d', ni), 'f', string.format('%d', nf))
-  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the

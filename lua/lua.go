@@ -1,12 +1,12 @@
 // Package lua embeds rategate's Redis scripts and builds, from the same
 // sources, everything rategate runs in Redis: the multi-rule decide script,
-// the refund script (Redis Cluster), and a Redis
-// Functions library holding decide and refund.
+// the refund script (Redis Cluster), the lease script (rules with lease:
+// true), and a Redis Functions library holding decide and refund.
 //
 // Each lua/<algorithm>.lua runs on its own with redis-cli --eval: its
 // functions stand above a "-- @standalone" line, a small main below it. The
 // builders take the part above the line and join it with a driver
-// (decide.lua, refund.lua).
+// (decide.lua, refund.lua, lease.lua).
 package lua
 
 import (
@@ -64,6 +64,9 @@ var (
 	// RefundScript gives back what admitted slots of a denied request took
 	// on Redis Cluster (refund.lua).
 	RefundScript = redis.NewScript(built.refund)
+	// LeaseScript takes, returns, resets and shows the slices of a leased
+	// key's quota (lease.lua).
+	LeaseScript = redis.NewScript(built.lease)
 )
 
 // Decide returns the source of DecideScript.
@@ -72,12 +75,15 @@ func Decide() (string, error) { return built.decide, nil }
 // Refund returns the source of RefundScript.
 func Refund() (string, error) { return built.refund, nil }
 
+// Lease returns the source of LeaseScript.
+func Lease() (string, error) { return built.lease, nil }
+
 // Library returns the decide and refund functions as a function library.
 func Library() FunctionLibrary { return built.lib }
 
 type assembly struct {
-	decide, refund string
-	lib            FunctionLibrary
+	decide, refund, lease string
+	lib                   FunctionLibrary
 }
 
 func mustBuild() assembly {
@@ -241,6 +247,24 @@ func build(readFile source) (assembly, error) {
 	}
 	r.WriteString(refundDrv)
 
+	// The lease script: every algorithm (a call names one), then the
+	// driver. It is not part of the library (not read through read: its
+	// changes do not rename the library).
+	leaseDrv, err := readFile("lease.lua")
+	if err != nil {
+		return assembly{}, err
+	}
+	if leaseDrv, err = strip("lease.lua", leaseDrv); err != nil {
+		return assembly{}, err
+	}
+	var ls strings.Builder
+	ls.WriteString("-- rategate lease script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	for _, a := range algos {
+		ls.WriteString(a.body)
+		ls.WriteString("\n")
+	}
+	ls.WriteString(leaseDrv)
+
 	// The library: every algorithm once, at load; the drivers as functions
 	// whose parameters are named like the globals a script sees.
 	var l strings.Builder
@@ -261,5 +285,5 @@ func build(readFile source) (assembly, error) {
 		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_refund)\n",
 		lib.Name, l.String(), lib.Decide, lib.Refund)
 
-	return assembly{decide: d.String(), refund: r.String(), lib: lib}, nil
+	return assembly{decide: d.String(), refund: r.String(), lease: ls.String(), lib: lib}, nil
 }

@@ -27,7 +27,7 @@ func TestBuild(t *testing.T) {
 	for name, sc := range map[string]struct {
 		script *redis.Script
 		src    string
-	}{"decide": {DecideScript, a.decide}, "refund": {RefundScript, a.refund}} {
+	}{"decide": {DecideScript, a.decide}, "refund": {RefundScript, a.refund}, "lease": {LeaseScript, a.lease}} {
 		sum := sha1.Sum([]byte(sc.src))
 		if sc.script.Hash() != hex.EncodeToString(sum[:]) {
 			t.Errorf("%sScript does not run the %s source", name, name)
@@ -35,6 +35,9 @@ func TestBuild(t *testing.T) {
 	}
 	if d, _ := Decide(); d != a.decide {
 		t.Error("Decide() is not DecideScript's source")
+	}
+	if l, _ := Lease(); l != a.lease || !strings.Contains(l, "local function ls_window_take(") {
+		t.Error("Lease() is not LeaseScript's source, or lacks lease.lua")
 	}
 	lib := Library()
 	if !regexp.MustCompile(`^rategate_[0-9a-f]{12}$`).MatchString(lib.Name) ||

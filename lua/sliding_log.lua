@@ -39,6 +39,11 @@
 -- window of its rule), and any decision that costs something moves the expiry
 -- out to P after the newest entry, so that a longer P keeps them to its end.
 --
+-- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
+-- on PEXPIRE 1 when a millisecond boundary passes between the command's two
+-- clock reads, which would drop a count written in its window's last
+-- millisecond (the record says itself when it ends, so 1 ms more is harmless).
+--
 -- By hand: redis-cli --eval lua/sliding_log.lua rg:{demo:1.2.3.4}:sl , 0 5 60000000 5 1
 
 -- sl_int formats an integral number without Lua's %.14g rounding (µs clocks
@@ -61,7 +66,7 @@ end
 -- sl_keep makes the key live until its newest entry, at `newest`, leaves
 -- the window of this rule, if it would expire earlier (a longer period).
 local function sl_keep(key, now, period, newest)
-  local ms = math.ceil((newest + period - now) / 1000)
+  local ms = math.max(math.ceil((newest + period - now) / 1000), 2)
   local ttl = redis.call('PTTL', key)
   if ttl >= 0 and ttl < ms then redis.call('PEXPIRE', key, ms) end
 end
@@ -138,7 +143,7 @@ end
 local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', sl_int(now - period))
   redis.call('ZADD', key, sl_int(at), sl_member(k, cost))
-  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
 end
 
 -- sliding_log_refund removes the entry a commit at `at` added (see
@@ -178,7 +183,7 @@ local function sliding_log_refund(key, now, limit, period, burst, cost, at, rem,
   if ttl <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+    redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
   end
 end
 

@@ -45,6 +45,11 @@
 -- whatever the search path, and no closed form has to be rounded. At most
 -- 2 log2(P) steps. The key expires when its newest count no longer counts.
 --
+-- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
+-- on PEXPIRE 1 when a millisecond boundary passes between the command's two
+-- clock reads, which would drop a count written in its window's last
+-- millisecond (the record says itself when it ends, so 1 ms more is harmless).
+--
 -- By hand: redis-cli --eval lua/sliding_window.lua rg:{demo:1.2.3.4}:sw , 0 5 60000000 5 1
 
 local function sw_int(x)
@@ -123,7 +128,7 @@ local function sliding_window(key, now, limit, period, burst, cost)
       local gone = sw_gone(cend - period, period)
       if curr > 0 then gone = sw_gone(cend, period) end
       redis.call('HSET', key, 'e', sw_int(cend), 'c', sw_int(curr), 'p', sw_int(prev), 'd', sw_int(period))
-      redis.call('PEXPIRE', key, math.ceil((gone - now) / 1000))
+      redis.call('PEXPIRE', key, math.max(math.ceil((gone - now) / 1000), 2))
     end
   end
 
@@ -178,7 +183,7 @@ local function sliding_window_put(key, now, limit, period, burst, e, curr, prev,
     return
   end
   redis.call('HSET', key, 'e', sw_int(e), 'c', sw_int(curr), 'p', sw_int(prev), 'd', sw_int(period))
-  redis.call('PEXPIRE', key, math.ceil((sw_gone(e, period) - now) / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2))
 end
 
 -- sliding_window_refund gives back cost, which a commit at `at` added to the

@@ -38,6 +38,11 @@
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
 -- limits/memstore/algo_token_bucket.go is the in-memory twin, step for step.
 --
+-- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
+-- on PEXPIRE 1 when a millisecond boundary passes between the command's two
+-- clock reads, which would drop a count written in its window's last
+-- millisecond (the record says itself when it ends, so 1 ms more is harmless).
+--
 -- By hand: redis-cli --eval lua/token_bucket.lua rg:{demo:1.2.3.4}:tb , 0 1 1000000 5 1
 
 -- tb_times returns k*T as (whole µs, numerator over L), for 0 <= k < 2^30.
@@ -155,7 +160,7 @@ local function token_bucket(key, now, limit, period, burst, cost)
         local full = tb_after(burst - have, ri, 0, q, r, limit)
         redis.call('HSET', key, 'tokens', string.format('%d', have), 'ts', string.format('%d', now - ri),
           'l', string.format('%d', limit), 'p', string.format('%d', period), 'b', string.format('%d', burst))
-        redis.call('PEXPIRE', key, math.ceil(full / 1000))
+        redis.call('PEXPIRE', key, math.max(math.ceil(full / 1000), 2))
         same = true
       end
     end
@@ -179,7 +184,7 @@ local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl, r
   else
     redis.call('HSET', key, 'tokens', string.format('%d', left), 'ts', string.format('%d', ts))
   end
-  redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
 end
 
 -- token_bucket_refund gives back the tokens a commit at `at` took (see
@@ -231,7 +236,7 @@ local function token_bucket_refund(key, now, limit, period, burst, cost, at, rem
     return
   end
   redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'ts', string.format('%d', ts))
-  redis.call('PEXPIRE', key, math.ceil((full - now) / 1000))
+  redis.call('PEXPIRE', key, math.max(math.ceil((full - now) / 1000), 2))
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the

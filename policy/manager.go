@@ -254,6 +254,7 @@ func (m *Manager) apply() {
 			Match:     r.Match.String(),
 			Cost:      r.Cost,
 			Shadow:    r.Shadow,
+			Lease:     r.Lease,
 			File:      valuesOf(r),
 		}
 		e := r
@@ -435,6 +436,7 @@ type RuleView struct {
 	Match     string   `json:"match"`
 	Cost      int64    `json:"cost"`
 	Shadow    bool     `json:"shadow"`
+	Lease     bool     `json:"lease"`
 	File      Values   `json:"file"`
 	// Override is the active override, or null.
 	Override *Override `json:"override"`
@@ -493,6 +495,6 @@ func diffRules(old, next []*limits.Rule) (added, removed, changed []string) {
 }
 
 func signature(r *limits.Rule) string {
-	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d|%s", r.Match.String(), keyParts(r), r.Algorithm,
-		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, adaptiveSignature(r)+"|"+exceptionsSignature(r))
+	return fmt.Sprintf("%s|%v|%s|%d|%d|%d|%d|%t|%d|%t|%s", r.Match.String(), keyParts(r), r.Algorithm,
+		r.Limit, r.Period, r.Burst, r.Cost, r.Shadow, r.Anonymous, r.Lease, adaptiveSignature(r)+"|"+exceptionsSignature(r))
 }

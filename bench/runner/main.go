@@ -3,8 +3,8 @@
 //
 // It starts, on free loopback ports: redis-server; rategate with
 // bench/policy.yaml and that Redis (and more rategates: deny_status 403 for
-// attack-quiet, bench/policy-hotkey.yaml for hot-key, its lease variant with
-// BENCH_LEASE=1); bench/minimal, the minimal limiter rategate is compared
+// attack-quiet, bench/policy-hotkey.yaml for hot-key, and its lease variant
+// unless BENCH_LEASE=0); bench/minimal, the minimal limiter rategate is compared
 // with, twice (the vs-minimal rule and the hot-key rule); the floor server
 // (bench/floor, a do-nothing fasthttp server answering 204) twice, once as
 // the floor's auth service and once as the application; and copies of the
@@ -24,7 +24,7 @@
 // latency check's rate), BENCH_NGINX_KEEPALIVE (an experiment: the
 // upstreams' keepalive instead of the shipped one), BENCH_PPROF=1 (CPU
 // profiles of rategate's first run of each scenario, in
-// bench/results/profiles-<time>/), BENCH_LEASE=1 (hot-key's lease arm).
+// bench/results/profiles-<time>/), BENCH_LEASE=0 (no hot-key lease arm).
 package main
 
 import (
@@ -74,7 +74,7 @@ type arm struct {
 	Auth string `json:"auth"`
 	// Prefix, when set, replaces the scenario's.
 	Prefix string `json:"prefix,omitempty"`
-	// Lease arms run only with BENCH_LEASE=1.
+	// Lease arms run unless BENCH_LEASE=0.
 	Lease bool `json:"lease,omitempty"`
 }
 
@@ -140,7 +140,7 @@ var scenarios = []scenario{
 		Arms: []arm{floorArm, {Name: "rategate", Auth: "rategate-hot"}, {Name: "rategate-lease", Auth: "rategate-lease", Lease: true},
 			{Name: "minimal", Auth: "minimal-hot"}},
 		Description: "every request on one global fixed_window key (a huge limit, all allowed; bench/policy-hotkey.yaml), straight to /auth; " +
-			"rategate-lease (BENCH_LEASE=1) is the same rule with lease: true; ceiling: redis-benchmark EVALSHA of rategate's script on one key"},
+			"rategate-lease is the same rule with lease: true (BENCH_LEASE=0 leaves it out); ceiling: redis-benchmark EVALSHA of rategate's script on one key"},
 }
 
 // latencyScenario is the fixed-rate check's name in BENCH_SCENARIOS and the results.
@@ -161,13 +161,13 @@ type settings struct {
 	// Pprof (BENCH_PPROF=1) runs rategate with -pprof and saves a CPU
 	// profile of its first run of each scenario next to the results.
 	Pprof bool `json:"pprof,omitempty"`
-	// Lease (BENCH_LEASE=1) adds hot-key's rategate-lease arm: the hot-key
-	// rule with lease: true, which rategate rejects until it knows it.
+	// Lease (on; BENCH_LEASE=0 turns it off) adds hot-key's rategate-lease
+	// arm: the hot-key rule with lease: true.
 	Lease bool `json:"lease,omitempty"`
 }
 
 func loadSettings(getenv func(string) string) (settings, error) {
-	s := settings{Duration: 3 * time.Second, Rounds: 4, Connections: 50, Threads: 2, Users: 10000}
+	s := settings{Duration: 3 * time.Second, Rounds: 4, Connections: 50, Threads: 2, Users: 10000, Lease: true}
 	var errs []error
 	if v := getenv("BENCH_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -196,11 +196,13 @@ func loadSettings(getenv func(string) string) (settings, error) {
 		dst *bool
 	}{{"BENCH_PPROF", &s.Pprof}, {"BENCH_LEASE", &s.Lease}} {
 		switch getenv(b.env) {
-		case "", "0":
+		case "":
+		case "0":
+			*b.dst = false
 		case "1":
 			*b.dst = true
 		default:
-			errs = append(errs, fmt.Errorf("%s=%q: want 1 or nothing", b.env, getenv(b.env)))
+			errs = append(errs, fmt.Errorf("%s=%q: want 1, 0 or nothing", b.env, getenv(b.env)))
 		}
 	}
 	if s.Threads > s.Connections {

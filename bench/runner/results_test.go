@@ -214,7 +214,7 @@ func TestEvaluateLatency(t *testing.T) {
 }
 
 // TestScenarioArms: every arm of every scenario resolves to a process and
-// an address, the lease arm only with BENCH_LEASE=1.
+// an address, the lease arm only when it is on (not BENCH_LEASE=0).
 func TestScenarioArms(t *testing.T) {
 	p := func(name string) *proc { return &proc{name: name} }
 	st := &stack{redis: p("redis-server"), rategate: p("rategate"), rategateQuiet: p("rategate-quiet"), rategateHot: p("rategate-hot"),
@@ -255,11 +255,11 @@ func TestScenarioArms(t *testing.T) {
 	}
 	hot := scenarios[slices.IndexFunc(scenarios, func(s scenario) bool { return s.Name == "hot-key" })]
 	if n := len(hot.arms(false)); n != 3 {
-		t.Errorf("hot-key without BENCH_LEASE runs %d arms, want 3", n)
+		t.Errorf("hot-key with BENCH_LEASE=0 runs %d arms, want 3", n)
 	}
 	st.rategateLease = nil
 	if _, err := st.target(arm{Name: "rategate-lease", Auth: "rategate-lease"}, "direct", false); err == nil || !strings.Contains(err.Error(), "BENCH_LEASE=1") {
-		t.Errorf("lease arm without BENCH_LEASE: %v", err)
+		t.Errorf("lease arm with BENCH_LEASE=0: %v", err)
 	}
 	if _, err := st.target(arm{Name: "minimal", Auth: "minimal-hot"}, "nginx", false); err == nil {
 		t.Error("the hot-key minimal limiter behind NGINX resolved")

@@ -257,8 +257,11 @@ func TestLoadSettings(t *testing.T) {
 	if err != nil || s.Duration.Seconds() != 3 || s.Rounds != 4 || len(s.Scenarios) != len(scenarios)+1 {
 		t.Errorf("defaults: %+v, %v", s, err)
 	}
-	if s.Lease || s.Pprof {
-		t.Errorf("lease or pprof on by default: %+v", s)
+	if !s.Lease || s.Pprof {
+		t.Errorf("want the lease arm on and pprof off by default: %+v", s)
+	}
+	if s, err := loadSettings(env(map[string]string{"BENCH_LEASE": "0"})); err != nil || s.Lease {
+		t.Errorf("BENCH_LEASE=0: %+v, %v", s, err)
 	}
 	s, err = loadSettings(env(map[string]string{"BENCH_DURATION": "2s", "BENCH_ROUNDS": "1", "BENCH_SCENARIOS": "attack, latency, hot-key", "BENCH_LEASE": "1"}))
 	if err != nil || s.Duration.Seconds() != 2 || s.Rounds != 1 || !s.wants("attack") || !s.wants("latency") || !s.wants("hot-key") || s.wants("direct") || !s.Lease {

@@ -43,7 +43,7 @@ type stack struct {
 	rgQuietAddr, adminQuietAddr, ngRGQuietAddr, ngFloorQuietAddr string
 
 	// hot-key: rategate on bench/policy-hotkey.yaml, and on its lease
-	// variant (BENCH_LEASE=1; nil otherwise).
+	// variant (nil with BENCH_LEASE=0).
 	rategateHot, rategateLease                           *proc
 	rgHotAddr, adminHotAddr, rgLeaseAddr, adminLeaseAddr string
 
@@ -192,7 +192,7 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, opt st
 	for _, w := range waits {
 		if err := waitHTTP(w.p, w.addr, w.path, w.want, 10*time.Second); err != nil {
 			if w.p == st.rategateLease {
-				err = fmt.Errorf("BENCH_LEASE=1: rategate does not take the hot-key rule with lease: true (%w)", err)
+				err = fmt.Errorf("rategate-lease: rategate does not take the hot-key rule with lease: true (%w; BENCH_LEASE=0 leaves the arm out)", err)
 			}
 			return nil, err
 		}
@@ -236,7 +236,7 @@ func writeQuietPolicy(src, dst string) (string, error) {
 }
 
 // writeLeasePolicy writes the hot-key policy with lease: true on its rule,
-// for BENCH_LEASE=1, and returns its path.
+// for the rategate-lease arm, and returns its path.
 func writeLeasePolicy(src, dst string) (string, error) {
 	return rewritePolicy(src, dst, "\n    algorithm: fixed_window\n", "    lease: true\n")
 }
@@ -407,7 +407,7 @@ func (st *stack) target(a arm, via string, quiet bool) (target, error) {
 			rg(st.rategateHot, st.rgHotAddr, st.adminHotAddr)
 		case "rategate-lease":
 			if st.rategateLease == nil {
-				return t, fmt.Errorf("arm %s needs BENCH_LEASE=1", a.Name)
+				return t, fmt.Errorf("arm %s needs the lease arm on (BENCH_LEASE=1, the default)", a.Name)
 			}
 			rg(st.rategateLease, st.rgLeaseAddr, st.adminLeaseAddr)
 		default:

@@ -31,6 +31,8 @@ type state struct {
 	a, b, c, d, e int64
 	// sliding_log: the admitted requests of the last period, oldest first.
 	log []logEntry
+	// a lease record (memlease.go): the slices not yet ended.
+	lease []memSlice
 }
 
 // logEntry is one admitted request of a sliding log: its time, its cost and

@@ -225,7 +225,7 @@ func (s *Store) dryGroups(ctx context.Context, b *limits.Batch, groups []slotGro
 	parallel(len(groups), func(i int) {
 		g := &groups[i]
 		call := groupCall(ctx, b, g)
-		call.keys = append(call.keys, inSlotOf(call.keys[0], "dry"))
+		call.keys = append(call.keys, limits.SiblingKey(call.keys[0], "dry"))
 		call.args = append(call.args, limits.FixedWindow.Code(), 1, 1_000_000, 1, int64(2), 0)
 		reply, err := s.eval(call)
 		if err == nil {
@@ -242,17 +242,6 @@ func (s *Store) dryGroups(ctx context.Context, b *limits.Batch, groups []slotGro
 			results[idx] = limits.Result{Allowed: true, Remaining: b.Checks[idx].Burst}
 		}
 	})
-}
-
-// inSlotOf returns a key in the hash slot of key: its hash tag and
-// ":<suffix>" (see refundMarker).
-func inSlotOf(key, suffix string) string {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[:i+1+j+1] + ":" + suffix
-		}
-	}
-	return "{" + key + "}:" + suffix
 }
 
 // decideGroups runs decide.lua for every slot's checks at once, each on
@@ -368,7 +357,7 @@ const lateMarkerTTL = backgroundRefundTimeout + time.Second
 // A key without a hash tag is hashed whole, so it is made the tag (keys
 // that would not survive that are not rategate's; AppendKey always tags).
 func refundMarker(key string) string {
-	return inSlotOf(key, "refund:"+strconv.FormatUint(rand.Uint64(), 16))
+	return limits.SiblingKey(key, "refund:"+strconv.FormatUint(rand.Uint64(), 16))
 }
 
 // refundMarkerTTL keeps a marker until no retry of its refund can arrive:

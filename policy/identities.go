@@ -6,12 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
 )
 
@@ -82,49 +80,10 @@ func ParseIdentityOverride(body []byte, now time.Time) (IdentityOverride, error)
 	}
 	sort.Strings(keys)
 	var numbers []string
+	f := overrideFields{Limit: &o.Limit, Burst: &o.Burst, Period: &o.Period, Factor: &o.Factor, Reason: &o.Reason, ExpiresAt: &o.ExpiresAt}
 	for _, k := range keys {
 		v := raw[k]
 		switch k {
-		case "limit", "burst":
-			n, err := jsonInt(v)
-			if err != nil {
-				fail(k, "%v", err)
-				continue
-			}
-			if n < 1 {
-				fail(k, "must be >= 1, got %d", n)
-				continue
-			}
-			if k == "limit" {
-				o.Limit = n
-			} else {
-				o.Burst = n
-			}
-			numbers = append(numbers, k)
-		case "period":
-			var d Duration
-			if err := json.Unmarshal(v, &d); err != nil {
-				fail(k, "%v", err)
-				continue
-			}
-			if d <= 0 {
-				fail(k, "must be > 0, got %s", config.FormatDuration(time.Duration(d)))
-				continue
-			}
-			o.Period = d
-			numbers = append(numbers, k)
-		case "factor":
-			var f float64
-			if err := json.Unmarshal(v, &f); err != nil {
-				fail(k, "must be a number such as 1.5, got %s", v)
-				continue
-			}
-			if !(f > 0) || f > maxFactor || math.IsInf(f, 0) {
-				fail(k, "must be > 0 and <= %g, got %s", maxFactor, v)
-				continue
-			}
-			o.Factor = f
-			numbers = append(numbers, k)
 		case "exempt", "block":
 			var b bool
 			if err := json.Unmarshal(v, &b); err != nil {
@@ -136,28 +95,14 @@ func ParseIdentityOverride(body []byte, now time.Time) (IdentityOverride, error)
 			} else {
 				o.Block = b
 			}
-		case "reason":
-			if err := json.Unmarshal(v, &o.Reason); err != nil {
-				fail(k, "must be a string, got %s", v)
-				continue
-			}
-			if len(o.Reason) > maxReasonLen {
-				fail(k, "must be at most %d bytes, got %d", maxReasonLen, len(o.Reason))
-			}
-		case "ttl":
-			var d Duration
-			if err := json.Unmarshal(v, &d); err != nil {
-				fail(k, "%v", err)
-				continue
-			}
-			if d <= 0 || time.Duration(d) > maxTTL {
-				fail(k, "must be > 0 and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
-				continue
-			}
-			exp := now.Add(time.Duration(d)).UTC()
-			o.ExpiresAt = &exp
 		default:
-			fail(k, "unknown field; use limit, period, burst, factor, exempt, block, reason or ttl")
+			known, number := f.parse(k, v, now, fail)
+			switch {
+			case !known:
+				fail(k, "unknown field; use limit, period, burst, factor, exempt, block, reason or ttl")
+			case number:
+				numbers = append(numbers, k)
+			}
 		}
 	}
 	switch {

@@ -99,70 +99,13 @@ func ParseOverride(body []byte, now time.Time) (Override, error) {
 	sort.Strings(keys)
 	given := 0
 	for _, k := range keys {
-		v := raw[k]
-		switch k {
-		case "limit", "burst":
-			n, err := jsonInt(v)
-			if err != nil {
-				fail(k, "%v", err)
-				continue
-			}
-			if n < 1 {
-				fail(k, "must be >= 1, got %d", n)
-				continue
-			}
-			if k == "limit" {
-				o.Limit = n
-			} else {
-				o.Burst = n
-			}
-			given++
-		case "period":
-			var d Duration
-			if err := json.Unmarshal(v, &d); err != nil {
-				fail(k, "%v", err)
-				continue
-			}
-			if d <= 0 {
-				fail(k, "must be > 0, got %s", config.FormatDuration(time.Duration(d)))
-				continue
-			}
-			o.Period = d
-			given++
-		case "factor":
-			var f float64
-			if err := json.Unmarshal(v, &f); err != nil {
-				fail(k, "must be a number such as 1.5, got %s", v)
-				continue
-			}
-			if !(f > 0) || f > maxFactor || math.IsInf(f, 0) {
-				fail(k, "must be > 0 and <= %g, got %s", maxFactor, v)
-				continue
-			}
-			o.Factor = f
-			given++
-		case "reason":
-			if err := json.Unmarshal(v, &o.Reason); err != nil {
-				fail(k, "must be a string, got %s", v)
-				continue
-			}
-			if len(o.Reason) > maxReasonLen {
-				fail(k, "must be at most %d bytes, got %d", maxReasonLen, len(o.Reason))
-			}
-		case "ttl":
-			var d Duration
-			if err := json.Unmarshal(v, &d); err != nil {
-				fail(k, "%v", err)
-				continue
-			}
-			if d <= 0 || time.Duration(d) > maxTTL {
-				fail(k, "must be > 0 and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
-				continue
-			}
-			exp := now.Add(time.Duration(d)).UTC()
-			o.ExpiresAt = &exp
-		default:
+		f := overrideFields{Limit: &o.Limit, Burst: &o.Burst, Period: &o.Period, Factor: &o.Factor, Reason: &o.Reason, ExpiresAt: &o.ExpiresAt}
+		known, number := f.parse(k, raw[k], now, fail)
+		switch {
+		case !known:
 			fail(k, "unknown field; use limit, period, burst, factor, reason or ttl")
+		case number:
+			given++
 		}
 	}
 	if len(errs) == 0 && given == 0 {
@@ -173,6 +116,88 @@ func ParseOverride(body []byte, now time.Time) (Override, error) {
 	}
 	o.SetAt = now.UTC()
 	return o, nil
+}
+
+// overrideFields points at the fields a rule override and an identity
+// override share, so that one parser reads both bodies alike.
+type overrideFields struct {
+	Limit, Burst *int64
+	Period       *Duration
+	Factor       *float64
+	Reason       *string
+	ExpiresAt    **time.Time
+}
+
+// parse reads the shared field k of an override body. known is false for
+// a field it does not know; number says it set one of limit, period, burst
+// and factor. Problems go to fail, naming k.
+func (f overrideFields) parse(k string, v json.RawMessage, now time.Time, fail func(field, format string, args ...any)) (known, number bool) {
+	known = true
+	switch k {
+	case "limit", "burst":
+		n, err := jsonInt(v)
+		if err != nil {
+			fail(k, "%v", err)
+			return known, number
+		}
+		if n < 1 {
+			fail(k, "must be >= 1, got %d", n)
+			return known, number
+		}
+		if k == "limit" {
+			*f.Limit = n
+		} else {
+			*f.Burst = n
+		}
+		number = true
+	case "period":
+		var d Duration
+		if err := json.Unmarshal(v, &d); err != nil {
+			fail(k, "%v", err)
+			return known, number
+		}
+		if d <= 0 {
+			fail(k, "must be > 0, got %s", config.FormatDuration(time.Duration(d)))
+			return known, number
+		}
+		*f.Period = d
+		number = true
+	case "factor":
+		var x float64
+		if err := json.Unmarshal(v, &x); err != nil {
+			fail(k, "must be a number such as 1.5, got %s", v)
+			return known, number
+		}
+		if !(x > 0) || x > maxFactor || math.IsInf(x, 0) {
+			fail(k, "must be > 0 and <= %g, got %s", maxFactor, v)
+			return known, number
+		}
+		*f.Factor = x
+		number = true
+	case "reason":
+		if err := json.Unmarshal(v, f.Reason); err != nil {
+			fail(k, "must be a string, got %s", v)
+			return known, number
+		}
+		if len(*f.Reason) > maxReasonLen {
+			fail(k, "must be at most %d bytes, got %d", maxReasonLen, len(*f.Reason))
+		}
+	case "ttl":
+		var d Duration
+		if err := json.Unmarshal(v, &d); err != nil {
+			fail(k, "%v", err)
+			return known, number
+		}
+		if d <= 0 || time.Duration(d) > maxTTL {
+			fail(k, "must be > 0 and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
+			return known, number
+		}
+		exp := now.Add(time.Duration(d)).UTC()
+		*f.ExpiresAt = &exp
+	default:
+		known = false
+	}
+	return known, number
 }
 
 // FieldErrors is every problem with an override, one per field (a 400).

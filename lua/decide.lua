@@ -18,6 +18,26 @@
 -- may rewrite a record written under another limit or period while it
 -- decides; that changes no count. See each lua/<algo>.lua.)
 
+-- rg_one decides a request of one check (shadow: the check only reports),
+-- for this driver and decide_many.lua's: {admitted, now, allowed,
+-- remaining, reset_us, retry_us}.
+local function rg_one(key, now, code, limit, period, burst, cost, shadow)
+  local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, key, now, limit, period, burst, cost, true)
+  if not a then
+    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
+  end
+  local admitted = a
+  if a == 1 then
+    if w1 then rg_put(code, key, now, limit, period, burst, w1, w2, w3, w4) end
+  elseif shadow then
+    admitted = 1
+  end
+  return {admitted, now, a, rem, reset, retry}
+end
+
+-- @driver: lua.go puts everything above this line at the top level of the
+-- script and of the function library, and the rest in the script's body and
+-- the library's decide function.
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
@@ -26,20 +46,8 @@ end
 
 local n = #KEYS
 if n == 1 then
-  local code = tonumber(ARGV[2])
-  local limit, period, burst = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-  local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, KEYS[1], now, limit, period, burst,
-    tonumber(ARGV[6]), true)
-  if not a then
-    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[2]))
-  end
-  local admitted = a
-  if a == 1 then
-    if w1 then rg_put(code, KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
-  elseif ARGV[7] == '1' then
-    admitted = 1
-  end
-  return {admitted, now, a, rem, reset, retry}
+  return rg_one(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
+    tonumber(ARGV[6]), ARGV[7] == '1')
 end
 
 local reply = {1, now}

@@ -23,7 +23,10 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-const standaloneMarker = "-- @standalone"
+const (
+	standaloneMarker = "-- @standalone"
+	driverMarker     = "-- @driver"
+)
 
 // Source returns the full text of one embedded script.
 func Source(name string) (string, error) {
@@ -34,7 +37,7 @@ func Source(name string) (string, error) {
 	return string(b), nil
 }
 
-// FunctionLibrary is decide.lua and refund.lua as one Redis Functions
+// FunctionLibrary is decide.lua, decide_many.lua and refund.lua as one Redis Functions
 // library (Redis >= 7): load it once per server with FUNCTION LOAD REPLACE,
 // then FCALL Decide (or Refund) with exactly the KEYS and ARGV of the
 // script, for exactly its reply. Unlike EVALSHA, which runs a script's whole
@@ -48,9 +51,11 @@ type FunctionLibrary struct {
 	Name string
 	// Source is the library's code, "#!lua name=<Name>" first.
 	Source string
-	// Decide and Refund are the function names: Name + "_decide" and
-	// Name + "_refund" (function names are global on a server).
-	Decide, Refund string
+	// Decide, DecideMany and Refund are the function names: Name +
+	// "_decide", "_decide_many" and "_refund" (function names are global on
+	// a server). DecideMany takes several decisions in one call
+	// (decide_many.lua); the scripts have no twin of it.
+	Decide, DecideMany, Refund string
 }
 
 // built is everything the package assembles from the embedded sources,
@@ -201,15 +206,33 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
-	decideDrv, err := read("decide.lua")
+	decideSrc, err := read("decide.lua")
 	if err != nil {
 		return assembly{}, err
 	}
-	if decideDrv, err = strip("decide.lua", decideDrv); err != nil {
+	// decide.lua's functions (rg_one) stand above its "@driver" line, its
+	// driver below.
+	cut := strings.Index(decideSrc, driverMarker)
+	if cut < 0 {
+		return assembly{}, fmt.Errorf("lua: decide.lua has no %q line", driverMarker)
+	}
+	decideFns, err := strip("decide.lua", decideSrc[:cut])
+	if err != nil {
+		return assembly{}, err
+	}
+	decideDrv, err := strip("decide.lua", decideSrc[cut:])
+	if err != nil {
 		return assembly{}, err
 	}
 	refundDrv, err := refundDriver(read, algos)
 	if err != nil {
+		return assembly{}, err
+	}
+	manyDrv, err := read("decide_many.lua")
+	if err != nil {
+		return assembly{}, err
+	}
+	if manyDrv, err = strip("decide_many.lua", manyDrv); err != nil {
 		return assembly{}, err
 	}
 
@@ -237,6 +260,7 @@ func build(readFile source) (assembly, error) {
 		d.WriteString("end\n\n")
 	}
 	dispatch(&d, algos)
+	d.WriteString(decideFns)
 	d.WriteString(decideDrv)
 
 	var r strings.Builder
@@ -273,17 +297,20 @@ func build(readFile source) (assembly, error) {
 		l.WriteString("\n")
 	}
 	dispatch(&l, algos)
+	l.WriteString(decideFns)
 	l.WriteString("local function rg_decide(KEYS, ARGV)\n")
 	l.WriteString(decideDrv)
+	l.WriteString("end\n\nlocal function rg_decide_many(KEYS, ARGV)\n")
+	l.WriteString(manyDrv)
 	l.WriteString("end\n\nlocal function rg_refund(KEYS, ARGV)\n")
 	l.WriteString(refundDrv)
 	l.WriteString("end\n\n")
 	sources.Write([]byte(l.String()))
 	lib := FunctionLibrary{Name: "rategate_" + hex.EncodeToString(sources.Sum(nil)[:6])}
-	lib.Decide, lib.Refund = lib.Name+"_decide", lib.Name+"_refund"
+	lib.Decide, lib.DecideMany, lib.Refund = lib.Name+"_decide", lib.Name+"_decide_many", lib.Name+"_refund"
 	lib.Source = fmt.Sprintf("#!lua name=%s\n-- rategate function library, assembled by lua.go from lua/*.lua (their comments explain it).\n%s"+
-		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_refund)\n",
-		lib.Name, l.String(), lib.Decide, lib.Refund)
+		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_decide_many)\nredis.register_function('%s', rg_refund)\n",
+		lib.Name, l.String(), lib.Decide, lib.DecideMany, lib.Refund)
 
 	return assembly{decide: d.String(), refund: r.String(), lease: ls.String(), lib: lib}, nil
 }

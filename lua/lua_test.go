@@ -41,8 +41,8 @@ func TestBuild(t *testing.T) {
 	}
 	lib := Library()
 	if !regexp.MustCompile(`^rategate_[0-9a-f]{12}$`).MatchString(lib.Name) ||
-		lib.Decide != lib.Name+"_decide" || lib.Refund != lib.Name+"_refund" {
-		t.Fatalf("library names %q, %q, %q", lib.Name, lib.Decide, lib.Refund)
+		lib.Decide != lib.Name+"_decide" || lib.DecideMany != lib.Name+"_decide_many" || lib.Refund != lib.Name+"_refund" {
+		t.Fatalf("library names %q, %q, %q, %q", lib.Name, lib.Decide, lib.DecideMany, lib.Refund)
 	}
 	if !strings.HasPrefix(lib.Source, "#!lua name="+lib.Name+"\n") {
 		t.Fatalf("library source starts %q", lib.Source[:40])
@@ -72,7 +72,7 @@ func TestLibraryVersionFollowsSources(t *testing.T) {
 		t.Fatal("the same sources built two different libraries")
 	}
 	names := map[string]string{base.lib.Name: "embedded"}
-	files := []string{"decide.lua", "refund.lua"}
+	files := []string{"decide.lua", "decide_many.lua", "refund.lua"}
 	for _, a := range algorithmFiles {
 		files = append(files, a.file)
 	}

@@ -92,7 +92,7 @@ func BenchmarkShipping(b *testing.B) {
 			name string
 			cmd  string
 			src  string
-		}{{"fcall", "fcall", ""}, {"evalsha", "evalsha", built.decide}, {"evalsha_eager", "evalsha", eagerDecide(b, "")}}
+		}{{"fcall", "fcall", ""}, {"fcall_many", "fcall", ""}, {"evalsha", "evalsha", built.decide}, {"evalsha_eager", "evalsha", eagerDecide(b, "")}}
 		if len(sh.checks) == 1 {
 			variants = append(variants, struct{ name, cmd, src string }{"evalsha_solo", "evalsha", eagerDecide(b, sh.name)})
 		}
@@ -108,10 +108,24 @@ func BenchmarkShipping(b *testing.B) {
 				}
 				client.ConfigResetStat(ctx)
 				b.ResetTimer()
+				perCall := 1.0
 				for lo := 0; lo < b.N; lo += 16 {
 					p := client.Pipeline()
 					var cmds []*redis.Cmd
-					for i := lo; i < min(lo+16, b.N); i++ {
+					if v.name == "fcall_many" {
+						// the 16 decisions as one call of DecideMany
+						hi := min(lo+16, b.N)
+						perCall = float64(hi - lo)
+						var keys []string
+						many := []any{hi - lo}
+						for i := lo; i < hi; i++ {
+							keys = append(keys, keysOf(i)...)
+							many = append(many, len(sh.checks))
+							many = append(many, args...)
+						}
+						cmds = append(cmds, p.FCall(ctx, lib.DecideMany, keys, many...))
+					}
+					for i := lo; i < min(lo+16, b.N) && v.name != "fcall_many"; i++ {
 						if sha != "" {
 							cmds = append(cmds, p.EvalSha(ctx, sha, keysOf(i), args...))
 						} else {
@@ -128,7 +142,7 @@ func BenchmarkShipping(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				b.ReportMetric(usecPerCall(b, client, v.cmd), "redis-µs/call")
+				b.ReportMetric(usecPerCall(b, client, v.cmd)/perCall, "redis-µs/decision")
 			})
 		}
 	}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strings"
@@ -18,8 +19,10 @@ import (
 // Sending one EVALSHA per request and waiting for its reply leaves Redis
 // mostly idle and costs the client a write and a read system call, a pool
 // checkout and a goroutine wake-up per decision. A pipeline carries many
-// EVALSHAs in one write and brings their replies back in one read; Redis
-// still runs each script on its own, atomically, exactly once per decision.
+// decisions in one write and brings their replies back in one read: on a
+// single server as one FCALL of DecideMany (see sendMany), on a Redis
+// Cluster node (and with EVALSHA) as one script call each. Redis still
+// decides each on its own, atomically, exactly once.
 //
 // How it gathers: callers append to one queue; a fixed number of runners
 // (Pipelines) each take everything queued (up to MaxBatch), send it as one
@@ -231,8 +234,10 @@ type coalescer struct {
 	client pipeliner
 	script *redis.Script
 	// fn says whether the server decides with FCALL or EVALSHA.
-	fn  *functions
-	opt CoalesceOptions
+	fn *functions
+	// many: a batch goes as one FCALL of DecideMany (see sendMany).
+	many bool
+	opt  CoalesceOptions
 	// parent ends with the store: pipelines in flight give up at Close.
 	parent context.Context
 	// late is handed every reply (or error) whose caller gave up, and the
@@ -282,13 +287,17 @@ func (s *Store) Coalescing() (CoalesceStats, bool) {
 	return st, !s.coOpt.Disabled
 }
 
+// newCoalescer starts the runners of one server. many says that one call
+// may carry keys of any slot (not a Redis Cluster node), so that a batch
+// can be sent as one call of the library's DecideMany.
 func newCoalescer(parent context.Context, client pipeliner, script *redis.Script, fn *functions, o CoalesceOptions,
-	late func(call *scriptCall, reply any, err error)) *coalescer {
+	many bool, late func(call *scriptCall, reply any, err error)) *coalescer {
 	o = o.withDefaults()
 	c := &coalescer{
 		client: client,
 		script: script,
 		fn:     fn,
+		many:   many,
 		opt:    o,
 		parent: parent,
 		late:   late,
@@ -415,12 +424,15 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	// LateGrace: a reply that comes late is a commit to give back.
 	ctx, cancel := context.WithDeadline(c.parent, deadline.Add(c.opt.LateGrace))
 	defer cancel()
+	c.pipelines.Add(1)
+	c.sent.Add(uint64(len(live)))
+	if c.many && len(live) > 1 && !c.fn.eval.Load() && c.sendMany(ctx, pipe, live) {
+		return cmds
+	}
 	for _, call := range live {
 		cmds = append(cmds, c.fn.decide(ctx, pipe, c.script, call.keys, call.args))
 	}
 	_, _ = pipe.Exec(ctx)
-	c.pipelines.Add(1)
-	c.sent.Add(uint64(len(live)))
 
 	// What may be sent again, because Redis said it never ran it: an FCALL
 	// of a function the server lacks (restarted, flushed, failed over),
@@ -467,14 +479,93 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	}
 	for i, call := range live {
 		reply, err := cmds[i].Result()
-		if !call.finish(reply, err) {
-			if c.late != nil {
-				c.late(call, reply, err)
-			}
-			call.release()
-		}
+		c.deliver(call, reply, err)
 	}
 	return cmds
+}
+
+// deliver hands a sent call its reply, or, when its caller gave up, hands
+// the reply to the late handler and releases the call.
+func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
+	if !call.finish(reply, err) {
+		if c.late != nil {
+			c.late(call, reply, err)
+		}
+		call.release()
+	}
+}
+
+// sendMany sends live as one FCALL of the library's DecideMany
+// (lua/decide_many.lua) and delivers to every call its entry of the reply:
+// Redis runs the calls' decisions one after another inside one call, so
+// it reads one command, looks up one function and reads TIME once for the
+// whole batch. The same replies come back as from one FCALL each, and the
+// same errors: one decision's error reply is that call's alone, and an
+// error of the whole call (a timeout, a lost connection) is every call's,
+// an unknown outcome as for any pipeline. It reports false, having sent
+// nothing that ran, when the server turned out not to run functions: the
+// calls are then sent one by one (as EVALSHA).
+func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall) bool {
+	nk, na := 0, 1
+	for _, call := range live {
+		if len(call.args) != 1+6*len(call.keys) {
+			return false // not a decide call's shape: send it as it is
+		}
+		nk += len(call.keys)
+		na += 1 + len(call.args)
+	}
+	keys := make([]string, 0, nk)
+	args := make([]any, 0, na)
+	args = append(args, len(live))
+	for _, call := range live {
+		keys = append(keys, call.keys...)
+		args = append(args, len(call.keys))
+		args = append(args, call.args...)
+	}
+	// As in send: a missing library is loaded and the call sent again, a
+	// server that will not run functions is left to EVALSHA, and a call
+	// that could not be written is sent once more. None of these ran.
+	var cmd *redis.Cmd
+	for attempt := 0; ; attempt++ {
+		cmd = pipe.FCall(ctx, c.fn.lib.DecideMany, keys, args...)
+		_, _ = pipe.Exec(ctx)
+		err := cmd.Err()
+		if err == nil || attempt == 2 {
+			break
+		}
+		if functionsUnavailable(err) {
+			c.fn.useEval(err)
+			return false
+		}
+		if isNoFunction(err) {
+			if c.fn.load(ctx, c.client) != nil {
+				break // the server is gone: the calls get the error
+			}
+			if c.fn.eval.Load() {
+				return false // the load found functions unavailable
+			}
+			continue
+		}
+		if !(attempt == 0 && notSent(err) && ctx.Err() == nil) {
+			break
+		}
+	}
+	entries, err := cmd.Slice()
+	if err == nil && len(entries) != len(live) {
+		err = fmt.Errorf("redis store: %s answered %d decisions for %d", c.fn.lib.DecideMany, len(entries), len(live))
+	}
+	for i, call := range live {
+		if err != nil {
+			c.deliver(call, nil, err)
+			continue
+		}
+		if e, ok := entries[i].(error); ok {
+			c.deliver(call, nil, e)
+			continue
+		}
+		c.deliver(call, entries[i], nil)
+	}
+	return true
 }
 
 // notSent reports an error that proves the command never left rategate:

@@ -72,11 +72,15 @@ func oneRunnerStore(t *testing.T) (*testredis.Controlled, *redis.Client, *Store)
 
 // TestCoalescedBatchesWhileBusy: with one pipeline in flight (Redis
 // frozen), the calls that arrive meanwhile leave together in the next
-// pipeline, and every one of them gets its own answer.
+// pipeline, as one FCALL of DecideMany, and every one of them gets its own
+// answer.
 func TestCoalescedBatchesWhileBusy(t *testing.T) {
-	rs, _, store := oneRunnerStore(t)
+	rs, client, store := oneRunnerStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 
 	rs.Freeze()
 	first := make(chan error, 1)
@@ -124,6 +128,9 @@ func TestCoalescedBatchesWhileBusy(t *testing.T) {
 	st, _ := store.Coalescing()
 	if st.Pipelines != 2 || st.Calls != n+1 {
 		t.Fatalf("stats %+v, want 2 pipelines carrying %d calls", st, n+1)
+	}
+	if calls := commandCalls(t, client); calls["fcall"] != 2 || calls["time"] != 2 {
+		t.Fatalf("commandstats fcall=%d time=%d, want 2 of each: the first call, then the %d as one", calls["fcall"], calls["time"], n)
 	}
 }
 

@@ -129,20 +129,22 @@ func newRedisStore(client Client, topo Topology, name string, co CoalesceOptions
 	s.name.Store(&name)
 	nop := zerolog.Nop()
 	s.log.Store(&nop)
-	newCo := func(p pipeliner, server func() string) *coalescer {
+	newCo := func(p pipeliner, server func() string, many bool) *coalescer {
 		fn := newFunctions(co.EvalOnly, func(err error) { s.functionsUnavailable(server(), err) })
-		return newCoalescer(s.bg.ctx, p, s.script, fn, co, s.lateReply)
+		return newCoalescer(s.bg.ctx, p, s.script, fn, co, many, s.lateReply)
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok && topo == Cluster {
+		// A cluster node's pipeline holds keys of many slots, and one
+		// call's keys must share one: one call per decision there.
 		s.nodes = newClusterNodes(cc, func(c *redis.Client) *coalescer {
 			addr := c.Options().Addr
-			return newCo(c, func() string { return "redis " + addr })
+			return newCo(c, func() string { return "redis " + addr }, false)
 		}, limits.BreakerOptions{
 			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure,
 		})
 		s.bg.goRun(s.nodes.run)
 	} else {
-		s.co = newCo(client, s.Name)
+		s.co = newCo(client, s.Name, true)
 	}
 	return s, nil
 }

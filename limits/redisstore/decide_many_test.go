@@ -1,0 +1,161 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
+)
+
+// This file tests batches sent as one FCALL of DecideMany (sendMany).
+
+// fwCall is a decide call of one fixed_window check on key, limit per hour.
+func fwCall(t *testing.T, ctx context.Context, key string, limit int64) *scriptCall {
+	t.Helper()
+	call := newCall(ctx)
+	call.args = append(call.args, int64(0))
+	c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
+	var err error
+	if call.args, err = appendCheckArgs(call.args, &c); err != nil {
+		t.Fatal(err)
+	}
+	call.keys = append(call.keys, key)
+	return call
+}
+
+// sendBatch sends calls as one batch through the store's coalescer, as a
+// runner does, and returns how many were admitted and the errors.
+func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs []error) {
+	t.Helper()
+	s.co.send(s.co.client.Pipeline(), calls, nil)
+	for _, call := range calls {
+		reply, err, owned := call.wait()
+		if !owned {
+			t.Fatal("a call was abandoned")
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var r [1]limits.Result
+		ok, err := parseDecideReply(reply, r[:])
+		if err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			admitted++
+		}
+		call.release()
+	}
+	return admitted, errs
+}
+
+// TestBatchErrorIsOneCallers: a decision that fails inside a batch (its key
+// holds a list) fails alone: its caller gets the error, the others their
+// decisions.
+func TestBatchErrorIsOneCallers(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr}), "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Warm(testredis.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.RPush(context.Background(), "bm:{x}:fw", "not a counter").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testredis.Ctx(t)
+	var calls []*scriptCall
+	for i := range 9 {
+		key := "bm:{y}:fw"
+		if i == 4 {
+			key = "bm:{x}:fw"
+		}
+		calls = append(calls, fwCall(t, ctx, key, 5))
+	}
+	admitted, errs := sendBatch(t, s, calls)
+	if admitted != 5 || len(errs) != 1 || !strings.Contains(errs[0].Error(), "WRONGTYPE") {
+		t.Fatalf("admitted %d, errors %v; want 5 of the 8 on the counter, and the list's WRONGTYPE alone", admitted, errs)
+	}
+}
+
+// TestBatchAfterFlush: a batch that finds the library gone (FUNCTION FLUSH)
+// loads it and is sent again; nothing ran the first time, so every
+// decision counts once.
+func TestBatchAfterFlush(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr}), "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Warm(testredis.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testredis.Ctx(t)
+	if err := client.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var calls []*scriptCall
+	for range 8 {
+		calls = append(calls, fwCall(t, ctx, "bm:{f}:fw", 5))
+	}
+	if admitted, errs := sendBatch(t, s, calls); admitted != 5 || len(errs) != 0 {
+		t.Fatalf("admitted %d of 8 with limit 5, errors %v", admitted, errs)
+	}
+	if n := client.HGet(ctx, "bm:{f}:fw", "n").Val(); n != "5" {
+		t.Fatalf("the counter holds %q, want 5", n)
+	}
+	if calls := commandCalls(t, client); calls["function|load"] != 1 {
+		t.Fatalf("FUNCTION LOAD ran %d times, want once", calls["function|load"])
+	}
+}
+
+// TestBatchWithoutFCALL: where the ACL forbids FCALL, a batch is sent
+// again as one EVALSHA per decision, exactly, with the one log line.
+func TestBatchWithoutFCALL(t *testing.T) {
+	srv := testredis.Start(t)
+	admin := srv.Client(t)
+	ctx := testredis.Ctx(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "rg", "on", ">pw", "~*", "&*", "+@all", "-fcall").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "rg", Password: "pw"}), "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var logs syncBuffer
+	s.SetLogger(zerolog.New(&logs))
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var calls []*scriptCall
+	for range 8 {
+		calls = append(calls, fwCall(t, ctx, "bm:{e}:fw", 5))
+	}
+	if admitted, errs := sendBatch(t, s, calls); admitted != 5 || len(errs) != 0 {
+		t.Fatalf("admitted %d of 8 with limit 5, errors %v", admitted, errs)
+	}
+	if c := commandCalls(t, admin); c["evalsha"]+c["eval"] != 8 {
+		t.Fatalf("commandstats evalsha=%d eval=%d, want the 8 decisions by script", c["evalsha"], c["eval"])
+	}
+	if n := logs.count("Redis Functions are not available"); n != 1 {
+		t.Fatalf("%d log lines about the fallback, want 1", n)
+	}
+}

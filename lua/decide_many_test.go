@@ -1,0 +1,202 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/internal/testredis"
+)
+
+// manyDecision is one decision of a DecideMany call: its keys, in the key
+// space the test substitutes, and decide.lua's ARGV for it.
+type manyDecision struct {
+	keys []string
+	argv []any
+}
+
+// manyArgs is DecideMany's KEYS and ARGV for ds, with space put into every
+// key's hash tag.
+func manyArgs(space string, ds []manyDecision) ([]string, []any) {
+	var keys []string
+	args := []any{len(ds)}
+	for _, d := range ds {
+		for _, k := range d.keys {
+			keys = append(keys, fmt.Sprintf("rg:{%s}:%s", space, k))
+		}
+		args = append(args, len(d.keys))
+		args = append(args, d.argv...)
+	}
+	return keys, args
+}
+
+// TestDecideManyMatchesOneByOne: one FCALL of DecideMany answers, decision
+// for decision, exactly what one FCALL of Decide each answers when sent in
+// the same order, and leaves the same state: every algorithm alone and all
+// five together, cost-0 looks, shadow checks, several decisions on one key
+// in one call (each sees the ones before it), and decisions at different
+// instants in one call.
+func TestDecideManyMatchesOneByOne(t *testing.T) {
+	client := testredis.Start(t).Client(t)
+	ctx := context.Background()
+	lib := Library()
+	if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	now := time.Now().UnixMicro()
+	period := int64(10_000_000)
+	decision := func(at int64) manyDecision {
+		var checks [][5]int64
+		var keys []string
+		if rng.IntN(3) == 0 {
+			for i := range algorithmFiles {
+				checks = append(checks, [5]int64{int64(i + 1), 5, period, 3, int64(rng.IntN(3))})
+				keys = append(keys, fmt.Sprintf("all%d", i))
+			}
+		} else {
+			i := rng.IntN(len(algorithmFiles))
+			checks = append(checks, [5]int64{int64(i + 1), 5, period, 3, int64(rng.IntN(3))})
+			keys = append(keys, fmt.Sprintf("%s%d", algorithmFiles[i].fn, rng.IntN(2)))
+		}
+		argv := decideArgv(at, checks...)
+		if rng.IntN(4) == 0 {
+			argv[len(argv)-1] = 1 // the last check is a shadow
+		}
+		return manyDecision{keys, argv}
+	}
+	decided := 0
+	for call := 0; call < 40; call++ {
+		var ds []manyDecision
+		for range 1 + rng.IntN(8) {
+			ds = append(ds, decision(now+int64(call)*400_000+int64(rng.IntN(1000))))
+		}
+		keys, args := manyArgs("m", ds)
+		got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
+		if err != nil || len(got) != len(ds) {
+			t.Fatalf("call %d: DecideMany answered %v, %v for %d decisions", call, got, err, len(ds))
+		}
+		for i, d := range ds {
+			k, _ := manyArgs("o", []manyDecision{d})
+			want, err := client.FCall(ctx, lib.Decide, k, d.argv...).Result()
+			if err != nil || !reflect.DeepEqual(got[i], want) {
+				t.Fatalf("call %d, decision %d (%v %v): DecideMany %v, Decide %v (%v)", call, i, d.keys, d.argv, got[i], want, err)
+			}
+			decided++
+		}
+	}
+	if decided < 100 {
+		t.Fatalf("only %d decisions compared", decided)
+	}
+	names := []string{}
+	for i, a := range algorithmFiles {
+		names = append(names, fmt.Sprintf("all%d", i), a.fn+"0", a.fn+"1")
+	}
+	for _, n := range names {
+		m := client.HGetAll(ctx, "rg:{m}:"+n).Val()
+		o := client.HGetAll(ctx, "rg:{o}:"+n).Val()
+		zm := client.ZRangeWithScores(ctx, "rg:{m}:"+n, 0, -1)
+		zo := client.ZRangeWithScores(ctx, "rg:{o}:"+n, 0, -1)
+		if !reflect.DeepEqual(m, o) || !reflect.DeepEqual(zm.Val(), zo.Val()) {
+			t.Fatalf("key %s: DecideMany left %v %v, Decide %v %v", n, m, zm.Val(), o, zo.Val())
+		}
+	}
+}
+
+// TestDecideManyIsolatesErrors: a decision that fails (a key of the wrong
+// type, an unknown algorithm code) is an error entry of its own; the
+// decisions before and after it are decided and answered as usual.
+func TestDecideManyIsolatesErrors(t *testing.T) {
+	client := testredis.Start(t).Client(t)
+	ctx := context.Background()
+	lib := Library()
+	if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.RPush(ctx, "rg:{e}:list", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMicro()
+	fw := [5]int64{1, 2, 60_000_000, 2, 1}
+	ds := []manyDecision{
+		{[]string{"a"}, decideArgv(now, fw)},
+		{[]string{"list"}, decideArgv(now, fw)},
+		{[]string{"b", "list"}, decideArgv(now, fw, fw)},
+		{[]string{"c"}, decideArgv(now, [5]int64{9, 1, 1, 1, 1})},
+		{[]string{"a"}, decideArgv(now, fw)},
+		{[]string{"a"}, decideArgv(now, fw)},
+	}
+	keys, args := manyArgs("e", ds)
+	got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
+	if err != nil || len(got) != len(ds) {
+		t.Fatalf("DecideMany answered %v, %v", got, err)
+	}
+	for i, want := range []string{"", "WRONGTYPE", "WRONGTYPE", "unknown algorithm code 9", "", ""} {
+		e, isErr := got[i].(redis.Error)
+		switch {
+		case want == "" && isErr:
+			t.Errorf("decision %d: error %v, want a decision", i, e)
+		case want != "" && (!isErr || !strings.Contains(e.Error(), want)):
+			t.Errorf("decision %d: %v, want an error with %q", i, got[i], want)
+		}
+	}
+	// a, limit 2: admitted, admitted, denied; the errors took nothing from it
+	for i, admitted := range map[int]int64{0: 1, 4: 1, 5: 0} {
+		if r, ok := got[i].([]any); !ok || r[0] != admitted {
+			t.Errorf("decision %d on a: %v, want admitted = %d", i, got[i], admitted)
+		}
+	}
+	if n := client.HGet(ctx, "rg:{e}:a", "n").Val(); n != "2" {
+		t.Errorf("a counts %q, want 2", n)
+	}
+}
+
+// TestDecideManyOneTime: the decisions of one call on the Redis clock read
+// TIME once and are decided at that instant; one that names its own
+// instant keeps it.
+func TestDecideManyOneTime(t *testing.T) {
+	client := testredis.Start(t).Client(t)
+	ctx := context.Background()
+	lib := Library()
+	if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sw := [5]int64{3, 100, 60_000_000, 100, 1}
+	var ds []manyDecision
+	for i := range 10 {
+		ds = append(ds, manyDecision{[]string{fmt.Sprintf("k%d", i)}, decideArgv(0, sw)})
+	}
+	ds = append(ds, manyDecision{[]string{"x", "y"}, decideArgv(0, sw, sw)}, manyDecision{[]string{"z"}, decideArgv(12345, sw)})
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys, args := manyArgs("t", ds)
+	got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
+	if err != nil || len(got) != len(ds) {
+		t.Fatalf("DecideMany answered %v, %v", got, err)
+	}
+	m := regexp.MustCompile(`cmdstat_time:calls=(\d+)`).FindStringSubmatch(client.Info(ctx, "commandstats").Val())
+	if m == nil || m[1] != "1" {
+		t.Fatalf("TIME calls %v for one DecideMany, want 1", m)
+	}
+	first := got[0].([]any)[1]
+	for i := range ds[:11] {
+		if at := got[i].([]any)[1]; at != first {
+			t.Errorf("decision %d decided at %v, the first at %v", i, at, first)
+		}
+	}
+	if at := got[11].([]any)[1]; at != int64(12345) {
+		t.Errorf("the decision at 12345 was decided at %v", at)
+	}
+	if v, _ := strconv.ParseInt(fmt.Sprint(first), 10, 64); v < time.Now().Add(-time.Minute).UnixMicro() {
+		t.Errorf("decided at %v, not the Redis clock", first)
+	}
+}

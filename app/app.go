@@ -221,10 +221,10 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 			"Pipelines sent to Redis; rategate_redis_pipelined_calls_total / this = decisions per round trip.",
 			stat(func(st redisstore.CoalesceStats) uint64 { return st.Pipelines }))
 		m.AddCounterFunc("rategate_redis_pipelined_calls_total",
-			"Script runs (decisions, or a cluster decision's slots) sent in pipelines.",
+			"Decisions (or a cluster decision's slots) sent in pipelines, one script call each or a batch in one decide_many call.",
 			stat(func(st redisstore.CoalesceStats) uint64 { return st.Calls }))
 		m.AddCounterFunc("rategate_redis_pipeline_expired_total",
-			"Script runs not sent because their decision's deadline passed while queued.",
+			"Decisions (or slots) not sent because their deadline passed while queued.",
 			stat(func(st redisstore.CoalesceStats) uint64 { return st.Expired }))
 	}
 

@@ -261,8 +261,8 @@ type coalescer struct {
 
 // CoalesceStats counts what the pipelines carried.
 type CoalesceStats struct {
-	// Pipelines is the number of pipelines sent; Calls the script runs
-	// they carried (Calls/Pipelines is the mean batch). Expired counts the
+	// Pipelines is the number of pipelines sent; Calls the decisions they
+	// carried (Calls/Pipelines is the mean batch). Expired counts the
 	// calls not sent because their deadline had passed in the queue.
 	Pipelines, Calls, Expired uint64
 }

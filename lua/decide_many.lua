@@ -11,8 +11,12 @@
 --
 -- KEYS     every decision's keys, one decision after another
 -- ARGV[1]  m, the number of decisions
--- then per decision: n, its number of checks, followed by exactly the ARGV
---          decide.lua takes for those n checks (1 + 6n values)
+-- ARGV[2]  r, the number of check shapes: the distinct rule numbers the
+--          batch's checks use (a batch's decisions mostly share a few rules)
+-- then per shape (5 values): algorithm code, limit, period_us, burst,
+--          shadow 0|1
+-- then per decision: n, its number of checks, its now (µs, or 0 for Redis
+--          TIME), and per check 2 values: its shape (1..r) and its cost
 -- Reply    m entries, entry j decide.lua's reply for decision j, or an error
 --          reply when decision j failed (a WRONGTYPE key, say): the others
 --          are decided all the same.
@@ -24,10 +28,15 @@
 -- that fails may have written what it wrote before its error, exactly as
 -- the same decision alone would have.
 
-local m = tonumber(ARGV[1])
+local m, r = tonumber(ARGV[1]), tonumber(ARGV[2])
+local shapes = {}
+for i = 1, r do
+  local b = 3 + 5 * (i - 1)
+  shapes[i] = {tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4] == '1'}
+end
 local out = {}
 local clock = false
-local k, a = 1, 2
+local k, a = 1, 3 + 5 * r
 for j = 1, m do
   local n = tonumber(ARGV[a])
   local now = tonumber(ARGV[a + 1])
@@ -38,24 +47,31 @@ for j = 1, m do
     end
     now = clock
   end
-  local ok, r
+  local ok, res
   if n == 1 then
-    ok, r = pcall(rg_one, KEYS[k], now, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]),
-      tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), ARGV[a + 7] == '1')
+    local s = shapes[tonumber(ARGV[a + 2])]
+    ok, res = pcall(rg_one, KEYS[k], now, s[1], s[2], s[3], s[4], tonumber(ARGV[a + 3]), s[5])
   else
+    -- decide.lua's own KEYS and ARGV for this decision
     local keys, args = {}, {now}
-    for i = 1, n do keys[i] = KEYS[k + i - 1] end
-    for i = 2, 1 + 6 * n do args[i] = ARGV[a + i] end
-    ok, r = pcall(rg_decide, keys, args)
+    for i = 1, n do
+      keys[i] = KEYS[k + i - 1]
+      local s = shapes[tonumber(ARGV[a + 2 * i])]
+      local b = 2 + 6 * (i - 1)
+      args[b], args[b + 1], args[b + 2], args[b + 3] = s[1], s[2], s[3], s[4]
+      args[b + 4] = tonumber(ARGV[a + 2 * i + 1])
+      args[b + 5] = s[5] and '1' or '0'
+    end
+    ok, res = pcall(rg_decide, keys, args)
   end
   if not ok then
-    if type(r) == 'table' and r.err then
-      r = redis.error_reply(r.err)
+    if type(res) == 'table' and res.err then
+      res = redis.error_reply(res.err)
     else
-      r = redis.error_reply(tostring(r))
+      res = redis.error_reply(tostring(res))
     end
   end
-  out[j] = r
-  k, a = k + n, a + 2 + 6 * n
+  out[j] = res
+  k, a = k + n, a + 2 + 2 * n
 end
 return out

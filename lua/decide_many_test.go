@@ -16,34 +16,57 @@ import (
 	"github.com/rategate/rategate/internal/testredis"
 )
 
-// manyDecision is one decision of a DecideMany call: its keys, in the key
-// space the test substitutes, and decide.lua's ARGV for it.
+// manyDecision is one decision of a DecideMany call: its keys and
+// decide.lua's ARGV for it.
 type manyDecision struct {
 	keys []string
 	argv []any
 }
 
-// manyArgs is DecideMany's KEYS and ARGV for ds, with space put into every
-// key's hash tag.
-func manyArgs(space string, ds []manyDecision) ([]string, []any) {
+// manyArgs is DecideMany's KEYS and ARGV for ds, each key given as
+// keyOf(key): the distinct check shapes once, then per decision its now
+// and per check its shape and cost (the layout of decide_many.lua).
+func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 	var keys []string
-	args := []any{len(ds)}
+	var shapes [][5]any
+	var body []any
 	for _, d := range ds {
-		for _, k := range d.keys {
-			keys = append(keys, fmt.Sprintf("rg:{%s}:%s", space, k))
+		body = append(body, len(d.keys), d.argv[0])
+		for i, k := range d.keys {
+			keys = append(keys, keyOf(k))
+			c := d.argv[1+6*i:]
+			sh := [5]any{c[0], c[1], c[2], c[3], c[5]}
+			at := len(shapes)
+			for j := range shapes {
+				if shapes[j] == sh {
+					at = j
+				}
+			}
+			if at == len(shapes) {
+				shapes = append(shapes, sh)
+			}
+			body = append(body, at+1, c[4])
 		}
-		args = append(args, len(d.keys))
-		args = append(args, d.argv...)
 	}
-	return keys, args
+	args := []any{len(ds), len(shapes)}
+	for _, sh := range shapes {
+		args = append(args, sh[:]...)
+	}
+	return keys, append(args, body...)
+}
+
+// inSpace names keys rg:{space}:<key>.
+func inSpace(space string) func(string) string {
+	return func(k string) string { return "rg:{" + space + "}:" + k }
 }
 
 // TestDecideManyMatchesOneByOne: one FCALL of DecideMany answers, decision
 // for decision, exactly what one FCALL of Decide each answers when sent in
 // the same order, and leaves the same state: every algorithm alone and all
-// five together, cost-0 looks, shadow checks, several decisions on one key
-// in one call (each sees the ones before it), and decisions at different
-// instants in one call.
+// five together, cost-0 looks, shadow checks, two limits per algorithm
+// (so several shapes per call, and rule changes under live keys), several
+// decisions on one key in one call (each sees the ones before it), and
+// decisions at different instants in one call.
 func TestDecideManyMatchesOneByOne(t *testing.T) {
 	client := testredis.Start(t).Client(t)
 	ctx := context.Background()
@@ -59,12 +82,12 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 		var keys []string
 		if rng.IntN(3) == 0 {
 			for i := range algorithmFiles {
-				checks = append(checks, [5]int64{int64(i + 1), 5, period, 3, int64(rng.IntN(3))})
+				checks = append(checks, [5]int64{int64(i + 1), 5 + 2*int64(rng.IntN(2)), period, 3, int64(rng.IntN(3))})
 				keys = append(keys, fmt.Sprintf("all%d", i))
 			}
 		} else {
 			i := rng.IntN(len(algorithmFiles))
-			checks = append(checks, [5]int64{int64(i + 1), 5, period, 3, int64(rng.IntN(3))})
+			checks = append(checks, [5]int64{int64(i + 1), 5 + 2*int64(rng.IntN(2)), period, 3, int64(rng.IntN(3))})
 			keys = append(keys, fmt.Sprintf("%s%d", algorithmFiles[i].fn, rng.IntN(2)))
 		}
 		argv := decideArgv(at, checks...)
@@ -79,13 +102,13 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 		for range 1 + rng.IntN(8) {
 			ds = append(ds, decision(now+int64(call)*400_000+int64(rng.IntN(1000))))
 		}
-		keys, args := manyArgs("m", ds)
+		keys, args := manyArgs(inSpace("m"), ds)
 		got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
 		if err != nil || len(got) != len(ds) {
 			t.Fatalf("call %d: DecideMany answered %v, %v for %d decisions", call, got, err, len(ds))
 		}
 		for i, d := range ds {
-			k, _ := manyArgs("o", []manyDecision{d})
+			k, _ := manyArgs(inSpace("o"), []manyDecision{d})
 			want, err := client.FCall(ctx, lib.Decide, k, d.argv...).Result()
 			if err != nil || !reflect.DeepEqual(got[i], want) {
 				t.Fatalf("call %d, decision %d (%v %v): DecideMany %v, Decide %v (%v)", call, i, d.keys, d.argv, got[i], want, err)
@@ -134,7 +157,7 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 		{[]string{"a"}, decideArgv(now, fw)},
 		{[]string{"a"}, decideArgv(now, fw)},
 	}
-	keys, args := manyArgs("e", ds)
+	keys, args := manyArgs(inSpace("e"), ds)
 	got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
 	if err != nil || len(got) != len(ds) {
 		t.Fatalf("DecideMany answered %v, %v", got, err)
@@ -178,7 +201,7 @@ func TestDecideManyOneTime(t *testing.T) {
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	keys, args := manyArgs("t", ds)
+	keys, args := manyArgs(inSpace("t"), ds)
 	got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
 	if err != nil || len(got) != len(ds) {
 		t.Fatalf("DecideMany answered %v, %v", got, err)

@@ -116,13 +116,11 @@ func BenchmarkShipping(b *testing.B) {
 						// the 16 decisions as one call of DecideMany
 						hi := min(lo+16, b.N)
 						perCall = float64(hi - lo)
-						var keys []string
-						many := []any{hi - lo}
+						var ds []manyDecision
 						for i := lo; i < hi; i++ {
-							keys = append(keys, keysOf(i)...)
-							many = append(many, len(sh.checks))
-							many = append(many, args...)
+							ds = append(ds, manyDecision{keysOf(i), args})
 						}
+						keys, many := manyArgs(func(k string) string { return k }, ds)
 						cmds = append(cmds, p.FCall(ctx, lib.DecideMany, keys, many...))
 					}
 					for i := lo; i < min(lo+16, b.N) && v.name != "fcall_many"; i++ {

@@ -506,21 +506,9 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 // nothing that ran, when the server turned out not to run functions: the
 // calls are then sent one by one (as EVALSHA).
 func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall) bool {
-	nk, na := 0, 1
-	for _, call := range live {
-		if len(call.args) != 1+6*len(call.keys) {
-			return false // not a decide call's shape: send it as it is
-		}
-		nk += len(call.keys)
-		na += 1 + len(call.args)
-	}
-	keys := make([]string, 0, nk)
-	args := make([]any, 0, na)
-	args = append(args, len(live))
-	for _, call := range live {
-		keys = append(keys, call.keys...)
-		args = append(args, len(call.keys))
-		args = append(args, call.args...)
+	keys, args, ok := manyArgs(live)
+	if !ok {
+		return false // not a decide call's shape: send them as they are
 	}
 	// As in send: a missing library is loaded and the call sent again, a
 	// server that will not run functions is left to EVALSHA, and a call
@@ -566,6 +554,59 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 		c.deliver(call, entries[i], nil)
 	}
 	return true
+}
+
+// manyArgs is DecideMany's KEYS and ARGV for the decide calls live (see
+// lua/decide_many.lua): the distinct check shapes (code, limit, period,
+// burst, shadow) once, then per decision its now and, per check, its shape
+// and cost. ok is false when a call is not shaped as a decide call.
+func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
+	// A check's five shape values in a call's decide ARGV (after now):
+	// code, limit, period, burst at 0..3, cost at 4, shadow at 5.
+	type shape [5]any
+	var shapes []shape
+	nk := 0
+	for _, call := range live {
+		if len(call.args) != 1+6*len(call.keys) {
+			return nil, nil, false
+		}
+		nk += len(call.keys)
+	}
+	index := make([]int, 0, nk)
+	for _, call := range live {
+		for i := range call.keys {
+			a := call.args[1+6*i:]
+			sh := shape{a[0], a[1], a[2], a[3], a[5]}
+			at := -1
+			for j := range shapes {
+				if shapes[j] == sh {
+					at = j
+					break
+				}
+			}
+			if at < 0 {
+				at = len(shapes)
+				shapes = append(shapes, sh)
+			}
+			index = append(index, at+1)
+		}
+	}
+	keys = make([]string, 0, nk)
+	args = make([]any, 0, 2+5*len(shapes)+2*len(live)+2*nk)
+	args = append(args, len(live), len(shapes))
+	for _, sh := range shapes {
+		args = append(args, sh[:]...)
+	}
+	x := 0
+	for _, call := range live {
+		keys = append(keys, call.keys...)
+		args = append(args, len(call.keys), call.args[0])
+		for i := range call.keys {
+			args = append(args, index[x], call.args[1+6*i+4])
+			x++
+		}
+	}
+	return keys, args, true
 }
 
 // notSent reports an error that proves the command never left rategate:

@@ -15,17 +15,21 @@ import (
 
 // This file tests batches sent as one FCALL of DecideMany (sendMany).
 
-// fwCall is a decide call of one fixed_window check on key, limit per hour.
-func fwCall(t *testing.T, ctx context.Context, key string, limit int64) *scriptCall {
+// fwCall is a decide call of fixed_window checks, one per key, each of its
+// limit per hour (keys and limits alternate: key, limit, key, limit...).
+func fwCall(t *testing.T, ctx context.Context, checks ...any) *scriptCall {
 	t.Helper()
 	call := newCall(ctx)
 	call.args = append(call.args, int64(0))
-	c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
-	var err error
-	if call.args, err = appendCheckArgs(call.args, &c); err != nil {
-		t.Fatal(err)
+	for i := 0; i < len(checks); i += 2 {
+		key, limit := checks[i].(string), int64(checks[i+1].(int))
+		c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
+		var err error
+		if call.args, err = appendCheckArgs(call.args, &c); err != nil {
+			t.Fatal(err)
+		}
+		call.keys = append(call.keys, key)
 	}
-	call.keys = append(call.keys, key)
 	return call
 }
 
@@ -43,8 +47,8 @@ func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs 
 			errs = append(errs, err)
 			continue
 		}
-		var r [1]limits.Result
-		ok, err := parseDecideReply(reply, r[:])
+		r := make([]limits.Result, len(call.keys))
+		ok, err := parseDecideReply(reply, r)
 		if err != nil {
 			errs = append(errs, err)
 		} else if ok {
@@ -157,5 +161,37 @@ func TestBatchWithoutFCALL(t *testing.T) {
 	}
 	if n := logs.count("Redis Functions are not available"); n != 1 {
 		t.Fatalf("%d log lines about the fallback, want 1", n)
+	}
+}
+
+// TestBatchOfManyShapes: one batch whose checks use several rules (limits
+// 3, 5 and 7, and two-check requests) is decided as the same calls one by
+// one would be: each counter admits exactly its limit, and a two-check
+// request is admitted only while both of its counters allow it.
+func TestBatchOfManyShapes(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr}), "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := testredis.Ctx(t)
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var calls []*scriptCall
+	for range 8 {
+		calls = append(calls, fwCall(t, ctx, "bm:{s3}:fw", 3), fwCall(t, ctx, "bm:{s5}:fw", 5), fwCall(t, ctx, "bm:{s7}:fw", 7),
+			fwCall(t, ctx, "bm:{p}:a", 4, "bm:{p}:b", 2))
+	}
+	admitted, errs := sendBatch(t, s, calls)
+	if len(errs) != 0 || admitted != 3+5+7+2 {
+		t.Fatalf("admitted %d, errors %v; want 17 (3 + 5 + 7, and 2 of the two-check requests)", admitted, errs)
+	}
+	for key, want := range map[string]string{"bm:{s3}:fw": "3", "bm:{s5}:fw": "5", "bm:{s7}:fw": "7", "bm:{p}:a": "2", "bm:{p}:b": "2"} {
+		if n := client.HGet(ctx, key, "n").Val(); n != want {
+			t.Errorf("%s counts %q, want %s", key, n, want)
+		}
 	}
 }

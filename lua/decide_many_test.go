@@ -55,6 +55,17 @@ func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 	return keys, append(args, body...)
 }
 
+// withLibrary starts a redis-server with the function library loaded.
+func withLibrary(t *testing.T) (*redis.Client, FunctionLibrary) {
+	t.Helper()
+	client := testredis.Start(t).Client(t)
+	lib := Library()
+	if err := client.FunctionLoadReplace(context.Background(), lib.Source).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return client, lib
+}
+
 // inSpace names keys rg:{space}:<key>.
 func inSpace(space string) func(string) string {
 	return func(k string) string { return "rg:{" + space + "}:" + k }
@@ -68,12 +79,8 @@ func inSpace(space string) func(string) string {
 // decisions on one key in one call (each sees the ones before it), and
 // decisions at different instants in one call.
 func TestDecideManyMatchesOneByOne(t *testing.T) {
-	client := testredis.Start(t).Client(t)
+	client, lib := withLibrary(t)
 	ctx := context.Background()
-	lib := Library()
-	if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	now := time.Now().UnixMicro()
 	period := int64(10_000_000)
@@ -138,12 +145,8 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 // type, an unknown algorithm code) is an error entry of its own; the
 // decisions before and after it are decided and answered as usual.
 func TestDecideManyIsolatesErrors(t *testing.T) {
-	client := testredis.Start(t).Client(t)
+	client, lib := withLibrary(t)
 	ctx := context.Background()
-	lib := Library()
-	if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
-		t.Fatal(err)
-	}
 	if err := client.RPush(ctx, "rg:{e}:list", "x").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -186,12 +189,8 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 // TIME once and are decided at that instant; one that names its own
 // instant keeps it.
 func TestDecideManyOneTime(t *testing.T) {
-	client := testredis.Start(t).Client(t)
+	client, lib := withLibrary(t)
 	ctx := context.Background()
-	lib := Library()
-	if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
-		t.Fatal(err)
-	}
 	sw := [5]int64{3, 100, 60_000_000, 100, 1}
 	var ds []manyDecision
 	for i := range 10 {

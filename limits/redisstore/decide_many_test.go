@@ -33,6 +33,34 @@ func fwCall(t *testing.T, ctx context.Context, checks ...any) *scriptCall {
 	return call
 }
 
+// warmStore is a store over opt's server, its library loaded, logging to
+// log when set; cleanup closes it.
+func warmStore(t *testing.T, opt *redis.Options, log *syncBuffer) *Store {
+	t.Helper()
+	s, err := New(redis.NewClient(opt), "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if log != nil {
+		s.SetLogger(zerolog.New(log))
+	}
+	if err := s.Warm(testredis.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// sameCalls is n decide calls of one fixed_window check on key.
+func sameCalls(t *testing.T, ctx context.Context, n int, key string, limit int) []*scriptCall {
+	t.Helper()
+	var calls []*scriptCall
+	for range n {
+		calls = append(calls, fwCall(t, ctx, key, limit))
+	}
+	return calls
+}
+
 // sendBatch sends calls as one batch through the store's coalescer, as a
 // runner does, and returns how many were admitted and the errors.
 func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs []error) {
@@ -65,14 +93,7 @@ func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs 
 func TestBatchErrorIsOneCallers(t *testing.T) {
 	srv := testredis.Start(t)
 	client := srv.Client(t)
-	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr}), "redis")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.Warm(testredis.Ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
 	if err := client.RPush(context.Background(), "bm:{x}:fw", "not a counter").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -97,14 +118,7 @@ func TestBatchErrorIsOneCallers(t *testing.T) {
 func TestBatchAfterFlush(t *testing.T) {
 	srv := testredis.Start(t)
 	client := srv.Client(t)
-	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr}), "redis")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.Warm(testredis.Ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
 	ctx := testredis.Ctx(t)
 	if err := client.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -112,11 +126,7 @@ func TestBatchAfterFlush(t *testing.T) {
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var calls []*scriptCall
-	for range 8 {
-		calls = append(calls, fwCall(t, ctx, "bm:{f}:fw", 5))
-	}
-	if admitted, errs := sendBatch(t, s, calls); admitted != 5 || len(errs) != 0 {
+	if admitted, errs := sendBatch(t, s, sameCalls(t, ctx, 8, "bm:{f}:fw", 5)); admitted != 5 || len(errs) != 0 {
 		t.Fatalf("admitted %d of 8 with limit 5, errors %v", admitted, errs)
 	}
 	if n := client.HGet(ctx, "bm:{f}:fw", "n").Val(); n != "5" {
@@ -136,24 +146,12 @@ func TestBatchWithoutFCALL(t *testing.T) {
 	if err := admin.Do(ctx, "ACL", "SETUSER", "rg", "on", ">pw", "~*", "&*", "+@all", "-fcall").Err(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "rg", Password: "pw"}), "redis")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	var logs syncBuffer
-	s.SetLogger(zerolog.New(&logs))
-	if err := s.Warm(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := warmStore(t, &redis.Options{Addr: srv.Addr, Username: "rg", Password: "pw"}, &logs)
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var calls []*scriptCall
-	for range 8 {
-		calls = append(calls, fwCall(t, ctx, "bm:{e}:fw", 5))
-	}
-	if admitted, errs := sendBatch(t, s, calls); admitted != 5 || len(errs) != 0 {
+	if admitted, errs := sendBatch(t, s, sameCalls(t, ctx, 8, "bm:{e}:fw", 5)); admitted != 5 || len(errs) != 0 {
 		t.Fatalf("admitted %d of 8 with limit 5, errors %v", admitted, errs)
 	}
 	if c := commandCalls(t, admin); c["evalsha"]+c["eval"] != 8 {
@@ -171,15 +169,8 @@ func TestBatchWithoutFCALL(t *testing.T) {
 func TestBatchOfManyShapes(t *testing.T) {
 	srv := testredis.Start(t)
 	client := srv.Client(t)
-	s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr}), "redis")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
 	ctx := testredis.Ctx(t)
-	if err := s.Warm(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var calls []*scriptCall
 	for range 8 {
 		calls = append(calls, fwCall(t, ctx, "bm:{s3}:fw", 3), fwCall(t, ctx, "bm:{s5}:fw", 5), fwCall(t, ctx, "bm:{s7}:fw", 7),

@@ -556,6 +556,10 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 	return true
 }
 
+// manyScanShapes is how many distinct shapes manyArgs looks through one
+// by one before it indexes them in a map.
+const manyScanShapes = 8
+
 // manyArgs is DecideMany's KEYS and ARGV for the decide calls live (see
 // lua/decide_many.lua): the distinct check shapes (code, limit, period,
 // burst, shadow) once, then per decision its now and, per check, its shape
@@ -572,21 +576,38 @@ func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
 		}
 		nk += len(call.keys)
 	}
+	// A batch's checks mostly share a few shapes, found by a scan; past
+	// manyScanShapes (identity overrides can give every caller its own
+	// numbers) a map keeps the search linear in the batch.
+	var byShape map[shape]int
 	index := make([]int, 0, nk)
 	for _, call := range live {
 		for i := range call.keys {
 			a := call.args[1+6*i:]
 			sh := shape{a[0], a[1], a[2], a[3], a[5]}
-			at := -1
-			for j := range shapes {
-				if shapes[j] == sh {
-					at = j
-					break
+			at, found := -1, false
+			if byShape != nil {
+				at, found = byShape[sh]
+			} else {
+				for j := range shapes {
+					if shapes[j] == sh {
+						at, found = j, true
+						break
+					}
 				}
 			}
-			if at < 0 {
+			if !found {
 				at = len(shapes)
 				shapes = append(shapes, sh)
+				switch {
+				case byShape != nil:
+					byShape[sh] = at
+				case len(shapes) > manyScanShapes:
+					byShape = make(map[shape]int, nk)
+					for j, s := range shapes {
+						byShape[s] = j
+					}
+				}
 			}
 			index = append(index, at+1)
 		}

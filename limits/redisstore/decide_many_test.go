@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,14 @@ func sameCalls(t *testing.T, ctx context.Context, n int, key string, limit int) 
 		calls = append(calls, fwCall(t, ctx, key, limit))
 	}
 	return calls
+}
+
+// firstErr is errs[0], or nil.
+func firstErr(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs[0]
 }
 
 // sendBatch sends calls as one batch through the store's coalescer, as a
@@ -178,7 +187,18 @@ func TestBatchOfManyShapes(t *testing.T) {
 	}
 	admitted, errs := sendBatch(t, s, calls)
 	if len(errs) != 0 || admitted != 3+5+7+2 {
-		t.Fatalf("admitted %d, errors %v; want 17 (3 + 5 + 7, and 2 of the two-check requests)", admitted, errs)
+		t.Fatalf("admitted %d, %d errors (first: %v); want 17 (3 + 5 + 7, and 2 of the two-check requests)", admitted, len(errs), firstErr(errs))
+	}
+	// More shapes than manyArgs scans: limits 1 to 20 (as identity
+	// overrides give), each key asked 21 times, mixed in one batch.
+	calls = calls[:0]
+	for round := range 21 {
+		for limit := 1; limit <= 20; limit++ {
+			calls = append(calls, fwCall(t, ctx, fmt.Sprintf("bm:{m%d}:fw", (limit+round)%20+1), (limit+round)%20+1))
+		}
+	}
+	if admitted, errs := sendBatch(t, s, calls); len(errs) != 0 || admitted != 210 {
+		t.Fatalf("20 shapes: admitted %d, %d errors (first: %v); want 210 (1 + 2 + ... + 20)", admitted, len(errs), firstErr(errs))
 	}
 	for key, want := range map[string]string{"bm:{s3}:fw": "3", "bm:{s5}:fw": "5", "bm:{s7}:fw": "7", "bm:{p}:a": "2", "bm:{p}:b": "2"} {
 		if n := client.HGet(ctx, key, "n").Val(); n != want {

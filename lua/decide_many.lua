@@ -22,48 +22,68 @@
 --          are decided all the same.
 --
 -- Each decision is decide.lua run on its own keys, in order, all inside one
--- atomic call: the same answers as m calls sent back to back. Decisions
--- that use the Redis clock share one TIME, read by the first of them: they are
--- decided at one instant, as nothing else runs between them. A decision
--- that fails may have written what it wrote before its error, exactly as
--- the same decision alone would have.
+-- atomic call: the same answers as m calls sent back to back at one
+-- instant. TIME is read once, before any decision, and decisions that use
+-- the Redis clock share it (nothing else runs between them). The layout is
+-- checked before anything is decided, and each decision's own arguments
+-- are read inside its pcall, so a malformed call fails whole, having
+-- written nothing, and a failing decision fails alone. A decision that
+-- fails may have written what it wrote before its error, exactly as the
+-- same decision alone would have. An error entry carries the error's text
+-- without the "script: ..." suffix Redis adds to a whole call's error.
 
 local m, r = tonumber(ARGV[1]), tonumber(ARGV[2])
+if not m or not r then
+  return redis.error_reply('rategate: decide_many wants m and r first')
+end
 local shapes = {}
 for i = 1, r do
   local b = 3 + 5 * (i - 1)
   shapes[i] = {tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4] == '1'}
 end
-local out = {}
-local clock = false
+-- where each decision's keys and arguments start, checked against #KEYS
+-- and #ARGV before the first decision runs
+local ks, as = {}, {}
 local k, a = 1, 3 + 5 * r
 for j = 1, m do
   local n = tonumber(ARGV[a])
-  local now = tonumber(ARGV[a + 1])
-  if now == 0 then
-    if not clock then
-      local t = redis.call('TIME')
-      clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    now = clock
+  if not n or n < 1 then
+    return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
   end
-  local ok, res
+  ks[j], as[j] = k, a
+  k, a = k + n, a + 2 + 2 * n
+end
+if k - 1 ~= #KEYS or a - 1 ~= #ARGV then
+  return redis.error_reply('rategate: decide_many keys or arguments do not match its decisions')
+end
+local t = redis.call('TIME')
+local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- decide_one is decision j, from its offsets.
+local function decide_one(k, a)
+  local n = tonumber(ARGV[a])
+  local now = tonumber(ARGV[a + 1])
+  if now == 0 then now = clock end
   if n == 1 then
     local s = shapes[tonumber(ARGV[a + 2])]
-    ok, res = pcall(rg_one, KEYS[k], now, s[1], s[2], s[3], s[4], tonumber(ARGV[a + 3]), s[5])
-  else
-    -- decide.lua's own KEYS and ARGV for this decision
-    local keys, args = {}, {now}
-    for i = 1, n do
-      keys[i] = KEYS[k + i - 1]
-      local s = shapes[tonumber(ARGV[a + 2 * i])]
-      local b = 2 + 6 * (i - 1)
-      args[b], args[b + 1], args[b + 2], args[b + 3] = s[1], s[2], s[3], s[4]
-      args[b + 4] = tonumber(ARGV[a + 2 * i + 1])
-      args[b + 5] = s[5] and '1' or '0'
-    end
-    ok, res = pcall(rg_decide, keys, args)
+    return rg_one(KEYS[k], now, s[1], s[2], s[3], s[4], tonumber(ARGV[a + 3]), s[5])
   end
+  -- decide.lua's own KEYS and ARGV for this decision
+  local keys, args = {}, {now}
+  for i = 1, n do
+    keys[i] = KEYS[k + i - 1]
+    local s = shapes[tonumber(ARGV[a + 2 * i])]
+    local b = 2 + 6 * (i - 1)
+    args[b], args[b + 1], args[b + 2], args[b + 3] = s[1], s[2], s[3], s[4]
+    args[b + 4] = tonumber(ARGV[a + 2 * i + 1])
+    args[b + 5] = s[5] and '1' or '0'
+  end
+  return rg_decide(keys, args)
+end
+
+local out = {}
+for j = 1, m do
+  local ok, res = pcall(decide_one, ks[j], as[j])
   if not ok then
     if type(res) == 'table' and res.err then
       res = redis.error_reply(res.err)
@@ -72,6 +92,5 @@ for j = 1, m do
     end
   end
   out[j] = res
-  k, a = k + n, a + 2 + 2 * n
 end
 return out

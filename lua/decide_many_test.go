@@ -183,6 +183,26 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 	if n := client.HGet(ctx, "rg:{e}:a", "n").Val(); n != "2" {
 		t.Errorf("a counts %q, want 2", n)
 	}
+	// A call whose layout does not add up (an argument short, a key too
+	// many) fails whole before it decides anything.
+	good := []manyDecision{{[]string{"w"}, decideArgv(now, fw)}, {[]string{"w"}, decideArgv(now, fw)}}
+	keys, args = manyArgs(inSpace("e"), good)
+	for what, call := range map[string]struct {
+		keys []string
+		args []any
+	}{
+		"an argument short": {keys, args[:len(args)-1]},
+		"a key too many":    {append(keys[:len(keys):len(keys)], "rg:{e}:extra"), args},
+		"no check count":    {keys, append(args[:len(args)-4:len(args)-4], 0, 0, 1, 1)},
+	} {
+		err := client.FCall(ctx, lib.DecideMany, call.keys, call.args...).Err()
+		if err == nil || !strings.Contains(err.Error(), "rategate: decide_many") {
+			t.Errorf("%s: %v, want decide_many's error for the whole call", what, err)
+		}
+	}
+	if n := client.Exists(ctx, "rg:{e}:w").Val(); n != 0 {
+		t.Errorf("a malformed call wrote its first decision's key")
+	}
 }
 
 // TestDecideManyOneTime: the decisions of one call on the Redis clock read

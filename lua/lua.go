@@ -1,12 +1,13 @@
 // Package lua embeds rategate's Redis scripts and builds, from the same
 // sources, everything rategate runs in Redis: the multi-rule decide script,
 // the refund script (Redis Cluster), the lease script (rules with lease:
-// true), and a Redis Functions library holding decide and refund.
+// true), and a Redis Functions library holding decide, decide_many and
+// refund.
 //
 // Each lua/<algorithm>.lua runs on its own with redis-cli --eval: its
 // functions stand above a "-- @standalone" line, a small main below it. The
 // builders take the part above the line and join it with a driver
-// (decide.lua, refund.lua, lease.lua).
+// (decide.lua, decide_many.lua, refund.lua, lease.lua).
 package lua
 
 import (
@@ -83,7 +84,8 @@ func Refund() (string, error) { return built.refund, nil }
 // Lease returns the source of LeaseScript.
 func Lease() (string, error) { return built.lease, nil }
 
-// Library returns the decide and refund functions as a function library.
+// Library returns the decide, decide_many and refund functions as a
+// function library.
 func Library() FunctionLibrary { return built.lib }
 
 type assembly struct {

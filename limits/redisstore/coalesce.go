@@ -235,8 +235,9 @@ type coalescer struct {
 	script *redis.Script
 	// fn says whether the server decides with FCALL or EVALSHA.
 	fn *functions
-	// many: a batch goes as one FCALL of DecideMany (see sendMany).
-	many bool
+	// many: a batch goes as one FCALL of DecideMany (see sendMany);
+	// cleared for good when the server refuses calls across slots.
+	many atomic.Bool
 	opt  CoalesceOptions
 	// parent ends with the store: pipelines in flight give up at Close.
 	parent context.Context
@@ -297,7 +298,6 @@ func newCoalescer(parent context.Context, client pipeliner, script *redis.Script
 		client: client,
 		script: script,
 		fn:     fn,
-		many:   many,
 		opt:    o,
 		parent: parent,
 		late:   late,
@@ -305,6 +305,7 @@ func newCoalescer(parent context.Context, client pipeliner, script *redis.Script
 		ready:  make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
+	c.many.Store(many)
 	c.wg.Add(o.Pipelines)
 	for range o.Pipelines {
 		go c.run()
@@ -426,7 +427,7 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	defer cancel()
 	c.pipelines.Add(1)
 	c.sent.Add(uint64(len(live)))
-	if c.many && len(live) > 1 && !c.fn.eval.Load() && c.sendMany(ctx, pipe, live) {
+	if len(live) > 1 && c.many.Load() && !c.fn.eval.Load() && c.sendMany(ctx, pipe, live) {
 		return cmds
 	}
 	for _, call := range live {
@@ -499,10 +500,10 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 // (lua/decide_many.lua) and delivers to every call its entry of the reply:
 // Redis runs the calls' decisions one after another inside one call, so
 // it reads one command, looks up one function and reads TIME once for the
-// whole batch. The same replies come back as from one FCALL each, and the
-// same errors: one decision's error reply is that call's alone, and an
-// error of the whole call (a timeout, a lost connection) is every call's,
-// an unknown outcome as for any pipeline. It reports false, having sent
+// whole batch. The same replies come back as from one FCALL each at one
+// instant, and the same error codes: one decision's error reply is that
+// call's alone, and an error of the whole call (a timeout, a lost
+// connection) is every call's, an unknown outcome as for any pipeline. It reports false, having sent
 // nothing that ran, when the server turned out not to run functions: the
 // calls are then sent one by one (as EVALSHA).
 func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall) bool {
@@ -512,18 +513,28 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 	}
 	// As in send: a missing library is loaded and the call sent again, a
 	// server that will not run functions is left to EVALSHA, and a call
-	// that could not be written is sent once more. None of these ran.
+	// that could not be written is sent once more. A server that refuses
+	// keys of several slots in one call (a Redis Cluster node reached as a
+	// single server) gets one call per decision from then on. None of
+	// these ran anything.
 	var cmd *redis.Cmd
 	for attempt := 0; ; attempt++ {
 		cmd = pipe.FCall(ctx, c.fn.lib.DecideMany, keys, args...)
 		_, _ = pipe.Exec(ctx)
 		err := cmd.Err()
-		if err == nil || attempt == 2 {
+		if err == nil {
 			break
 		}
 		if functionsUnavailable(err) {
 			c.fn.useEval(err)
 			return false
+		}
+		if isCrossSlot(err) {
+			c.many.Store(false)
+			return false
+		}
+		if attempt == 2 {
+			break
 		}
 		if isNoFunction(err) {
 			if c.fn.load(ctx, c.client) != nil {
@@ -638,6 +649,13 @@ func notSent(err error) bool {
 	}
 	var oe *net.OpError
 	return errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// isCrossSlot reports a CROSSSLOT error reply: the server refused a call
+// whose keys are in several slots, before running it.
+func isCrossSlot(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "CROSSSLOT")
 }
 
 // isNoScript reports a NOSCRIPT error reply.

@@ -206,3 +206,43 @@ func TestBatchOfManyShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchOnClusterModeServer: a Redis Cluster node that holds every slot,
+// reached as a single server (some managed Redis offers one), refuses a
+// call across slots with CROSSSLOT before running it; the batch is then
+// sent as one call per decision, and so is every batch after it, exactly.
+func TestBatchOnClusterModeServer(t *testing.T) {
+	srv := testredis.Start(t, "cluster-enabled yes", "cluster-config-file nodes.conf")
+	admin := srv.Client(t)
+	ctx := testredis.Ctx(t)
+	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.HasPrefix(admin.ClusterInfo(ctx).Val(), "cluster_state:ok") {
+		if time.Now().After(deadline) {
+			t.Fatal("the one-node cluster is not ok after 5s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
+	for round := range 2 {
+		var calls []*scriptCall
+		for i := range 6 {
+			calls = append(calls, fwCall(t, ctx, fmt.Sprintf("bm:{c%d}:fw", i%3), 3))
+		}
+		// 3 keys of limit 3, each asked twice a round: 6 admitted, then 3
+		want := []int{6, 3}[round]
+		if admitted, errs := sendBatch(t, s, calls); admitted != want || len(errs) != 0 {
+			t.Fatalf("round %d: admitted %d of 6, want %d; %d errors (first: %v)", round, admitted, want, len(errs), firstErr(errs))
+		}
+	}
+	if s.co.many.Load() {
+		t.Fatal("the store still batches across slots on a server that refuses it")
+	}
+	for i := range 3 {
+		if n := admin.HGet(ctx, fmt.Sprintf("bm:{c%d}:fw", i), "n").Val(); n != "3" {
+			t.Errorf("bm:{c%d}:fw counts %q, want 3", i, n)
+		}
+	}
+}

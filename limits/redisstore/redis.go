@@ -510,7 +510,7 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 // local fallback), so whatever it committed is given back.
 func (s *Store) lateReply(call *scriptCall, reply any, err error) {
 	if err != nil {
-		if errors.Is(err, errCoalescerClosed) || notRun(err) || isNoScript(err) {
+		if errors.Is(err, errCoalescerClosed) || notRun(err) || isNoScript(err) || isNoFunction(err) {
 			s.late.clean.Add(1)
 			return
 		}

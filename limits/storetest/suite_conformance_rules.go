@@ -10,7 +10,13 @@ import (
 
 func ruleChangeCarriesCounts(t *testing.T, s Store) {
 	start := ruleChangeEpoch() + limits.PeriodUS(10*time.Second)
-	for _, tc := range ruleChanges {
+	cases := ruleChanges
+	for _, algo := range []limits.Algorithm{limits.GCRA, limits.TokenBucket} {
+		for _, b := range bucketRuleChanges {
+			cases = append(cases[:len(cases):len(cases)], ruleChange{algo, b.name, b.phases})
+		}
+	}
+	for _, tc := range cases {
 		t.Run(string(tc.algo)+"/"+tc.name, func(t *testing.T) {
 			runPhases(t, s.Store, fmt.Sprintf("rg:{chg-%s:%s}:%s", tc.name, tc.algo, tc.algo.Suffix()), tc.algo, start, tc.phases)
 		})
@@ -59,15 +65,18 @@ func periodChangeGivesNoFreshQuota(t *testing.T, s Store) {
 	}
 }
 
+// ruleChange is one algorithm's timeline of rule changes.
+type ruleChange struct {
+	algo   limits.Algorithm
+	name   string
+	phases []phase
+}
+
 // ruleChanges: per algorithm, "grow" is the brief's case (10 per minute
 // exhausted, then period 2m, then 5m), "shrink" a 5m rule shortened to 1m,
 // "limit" a larger then a smaller limit, "burst" (gcra, token_bucket) a
 // larger then a smaller burst.
-var ruleChanges = []struct {
-	algo   limits.Algorithm
-	name   string
-	phases []phase
-}{
+var ruleChanges = []ruleChange{
 	{limits.FixedWindow, "grow", []phase{
 		{10, d("1m0s"), 10, cat(
 			admits(0, 10, 9, d("50s"), 0),           // from t=W+10s
@@ -188,7 +197,16 @@ var ruleChanges = []struct {
 			one(d("10s"), 1, false, 0, d("42.000001s"), d("58s")),    // t=W+1m2s
 		)},
 	}},
-	{limits.GCRA, "grow", []phase{
+}
+
+// bucketRuleChanges are the timelines of gcra and token_bucket, which
+// answer them alike (cost 1: one token is one emission interval), so both
+// run this one table.
+var bucketRuleChanges = []struct {
+	name   string
+	phases []phase
+}{
+	{"grow", []phase{
 		{10, d("1m0s"), 10, cat(
 			admits(0, 10, 9, d("6s"), d("6s")),      // from t=W+10s
 			one(0, 1, false, 0, d("6s"), d("1m0s")), // t=W+10s
@@ -202,7 +220,7 @@ var ruleChanges = []struct {
 			one(d("3m49s"), 1, true, 7, 0, d("1m11s")),        // t=W+5m0s
 		)},
 	}},
-	{limits.GCRA, "shrink", []phase{
+	{"shrink", []phase{
 		{10, d("5m0s"), 10, cat(
 			admits(0, 10, 9, d("30s"), d("30s")),     // from t=W+10s
 			one(0, 1, false, 0, d("30s"), d("5m0s")), // t=W+10s
@@ -213,7 +231,7 @@ var ruleChanges = []struct {
 			admits(d("30s"), 6, 9, d("6s"), d("6s")),        // from t=W+5m30s
 		)},
 	}},
-	{limits.GCRA, "limit", []phase{
+	{"limit", []phase{
 		{10, d("1m0s"), 10, cat(
 			admits(0, 6, 9, d("6s"), d("6s")), // from t=W+10s
 		)},
@@ -230,63 +248,7 @@ var ruleChanges = []struct {
 			one(d("10s"), 1, true, 2, 0, d("34s")),         // t=W+1m2s
 		)},
 	}},
-	{limits.GCRA, "burst", []phase{
-		{10, d("1m0s"), 10, cat(
-			admits(0, 10, 9, d("6s"), d("6s")),      // from t=W+10s
-			one(0, 1, false, 0, d("6s"), d("1m0s")), // t=W+10s
-		)},
-		{10, d("1m0s"), 20, cat(
-			admits(d("1s"), 10, 9, d("1m5s"), d("6s")), // from t=W+11s
-			one(0, 1, false, 0, d("5s"), d("1m59s")),   // t=W+11s
-		)},
-		{10, d("1m0s"), 5, cat(
-			one(d("1s"), 1, false, 0, d("6s"), d("30s")), // t=W+12s
-			one(d("6s"), 1, true, 0, 0, d("30s")),        // t=W+18s
-		)},
-	}},
-	{limits.TokenBucket, "grow", []phase{
-		{10, d("1m0s"), 10, cat(
-			admits(0, 10, 9, d("6s"), d("6s")),      // from t=W+10s
-			one(0, 1, false, 0, d("6s"), d("1m0s")), // t=W+10s
-		)},
-		{10, d("2m0s"), 10, cat(
-			one(d("500ms"), 1, false, 0, d("12s"), d("2m0s")), // t=W+10.5s
-		)},
-		{10, d("5m0s"), 10, cat(
-			one(d("500ms"), 1, false, 0, d("30s"), d("5m0s")), // t=W+11s
-			one(d("1m0s"), 1, true, 1, 0, d("4m30s")),         // t=W+1m11s
-			one(d("3m49s"), 1, true, 7, 0, d("1m11s")),        // t=W+5m0s
-		)},
-	}},
-	{limits.TokenBucket, "shrink", []phase{
-		{10, d("5m0s"), 10, cat(
-			admits(0, 10, 9, d("30s"), d("30s")),     // from t=W+10s
-			one(0, 1, false, 0, d("30s"), d("5m0s")), // t=W+10s
-		)},
-		{10, d("1m0s"), 10, cat(
-			one(d("1m0s"), 1, false, 0, d("6s"), d("1m0s")), // t=W+1m10s
-			one(d("3m50s"), 1, true, 9, 0, d("6s")),         // t=W+5m0s
-			admits(d("30s"), 6, 9, d("6s"), d("6s")),        // from t=W+5m30s
-		)},
-	}},
-	{limits.TokenBucket, "limit", []phase{
-		{10, d("1m0s"), 10, cat(
-			admits(0, 6, 9, d("6s"), d("6s")), // from t=W+10s
-		)},
-		{15, d("1m0s"), 15, cat(
-			admits(d("1s"), 6, 5, d("39s"), d("4s")), // from t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-		)},
-		{5, d("1m0s"), 5, cat(
-			one(d("1s"), 1, false, 0, d("12s"), d("1m0s")), // t=W+12s
-			one(d("40s"), 1, true, 2, 0, d("32s")),         // t=W+52s
-			one(d("10s"), 1, true, 2, 0, d("34s")),         // t=W+1m2s
-		)},
-	}},
-	{limits.TokenBucket, "burst", []phase{
+	{"burst", []phase{
 		{10, d("1m0s"), 10, cat(
 			admits(0, 10, 9, d("6s"), d("6s")),      // from t=W+10s
 			one(0, 1, false, 0, d("6s"), d("1m0s")), // t=W+10s

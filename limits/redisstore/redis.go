@@ -234,20 +234,8 @@ func openRedisURL(o Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
 	}
-	opt.Username = firstNonEmpty(opt.Username, o.Username)
-	opt.Password = firstNonEmpty(opt.Password, o.Password)
-	if opt.TLSConfig == nil {
-		opt.TLSConfig = o.TLS
-	}
-	if o.Dialer != nil {
-		opt.Dialer = o.Dialer
-	}
-	opt.ContextTimeoutEnabled = true
-	opt.PoolSize = poolSize(opt.PoolSize, o.Coalesce)
-	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
-		o.Coalesce.Pipelines = opt.PoolSize
-	}
-	opt.MaxRetries = noRetries
+	o.Coalesce = o.shared(clientFields{&opt.Username, &opt.Password, &opt.TLSConfig, &opt.Dialer,
+		&opt.ContextTimeoutEnabled, &opt.PoolSize, &opt.MaxRetries})
 	client := redis.NewClient(opt)
 	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr, o.Coalesce)
 	if err != nil {
@@ -258,20 +246,8 @@ func openRedisURL(o Options) (*Store, error) {
 }
 
 func openCluster(co *redis.ClusterOptions, o Options, name string) (*Store, error) {
-	co.Username = firstNonEmpty(co.Username, o.Username)
-	co.Password = firstNonEmpty(co.Password, o.Password)
-	if co.TLSConfig == nil {
-		co.TLSConfig = o.TLS
-	}
-	if o.Dialer != nil {
-		co.Dialer = o.Dialer
-	}
-	co.ContextTimeoutEnabled = true
-	co.PoolSize = poolSize(co.PoolSize, o.Coalesce)
-	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
-		o.Coalesce.Pipelines = co.PoolSize
-	}
-	co.MaxRetries = noRetries
+	o.Coalesce = o.shared(clientFields{&co.Username, &co.Password, &co.TLSConfig, &co.Dialer,
+		&co.ContextTimeoutEnabled, &co.PoolSize, &co.MaxRetries})
 	// Writes go to primaries only: a replica's counter may lag.
 	co.ReadOnly, co.RouteByLatency, co.RouteRandomly = false, false, false
 	if co.DialerRetries == 0 {
@@ -291,22 +267,10 @@ func openCluster(co *redis.ClusterOptions, o Options, name string) (*Store, erro
 }
 
 func openSentinel(fo *redis.FailoverOptions, o Options) (*Store, error) {
-	fo.Username = firstNonEmpty(fo.Username, o.Username)
-	fo.Password = firstNonEmpty(fo.Password, o.Password)
 	fo.SentinelUsername = firstNonEmpty(fo.SentinelUsername, o.SentinelUsername)
 	fo.SentinelPassword = firstNonEmpty(fo.SentinelPassword, o.SentinelPassword)
-	if fo.TLSConfig == nil {
-		fo.TLSConfig = o.TLS
-	}
-	if o.Dialer != nil {
-		fo.Dialer = o.Dialer
-	}
-	fo.ContextTimeoutEnabled = true
-	fo.PoolSize = poolSize(fo.PoolSize, o.Coalesce)
-	if o.Coalesce.Disabled && o.Coalesce.Pipelines <= 0 {
-		o.Coalesce.Pipelines = fo.PoolSize
-	}
-	fo.MaxRetries = noRetries
+	o.Coalesce = o.shared(clientFields{&fo.Username, &fo.Password, &fo.TLSConfig, &fo.Dialer,
+		&fo.ContextTimeoutEnabled, &fo.PoolSize, &fo.MaxRetries})
 	fo.ReplicaOnly, fo.RouteByLatency, fo.RouteRandomly = false, false, false
 	client := redis.NewFailoverClient(fo)
 	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")), o.Coalesce)
@@ -330,6 +294,40 @@ const noRetries = -1
 // CPU) or what the URL asked for, but always room for every pipeline plus
 // the other users of the client (peeks, resets, refunds, overrides), so
 // that runners never wait for a connection behind each other.
+// clientFields are the go-redis option fields every topology (Options,
+// ClusterOptions, FailoverOptions) sets the same way.
+type clientFields struct {
+	username, password *string
+	tls                **tls.Config
+	dialer             *func(ctx context.Context, network, addr string) (net.Conn, error)
+	contextTimeout     *bool
+	poolSize           *int
+	maxRetries         *int
+}
+
+// shared fills f from o: credentials and TLS where the URL gave none, the
+// test dialer, deadlines from the context, the pool sized for the
+// pipelines, no go-redis retries (see noRetries). It returns o's coalescing
+// options, with one runner per connection when coalescing is off.
+func (o Options) shared(f clientFields) CoalesceOptions {
+	*f.username = firstNonEmpty(*f.username, o.Username)
+	*f.password = firstNonEmpty(*f.password, o.Password)
+	if *f.tls == nil {
+		*f.tls = o.TLS
+	}
+	if o.Dialer != nil {
+		*f.dialer = o.Dialer
+	}
+	*f.contextTimeout = true
+	*f.poolSize = poolSize(*f.poolSize, o.Coalesce)
+	*f.maxRetries = noRetries
+	co := o.Coalesce
+	if co.Disabled && co.Pipelines <= 0 {
+		co.Pipelines = *f.poolSize
+	}
+	return co
+}
+
 func poolSize(size int, co CoalesceOptions) int {
 	if size <= 0 {
 		size = 10 * runtime.GOMAXPROCS(0)

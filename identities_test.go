@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -253,41 +251,16 @@ func TestIdentityOverridesAcrossProcesses(t *testing.T) {
 	b.api("GET", "/v1/rules/per-user/identities?user=huge", "", 404)
 
 	// The CLI.
-	run := func(wantCode int, args ...string) string {
-		t.Helper()
-		cmd := exec.Command(rategateBin(t), append([]string{"admin", "-addr", a.admin}, args...)...)
-		cmd.Env = append(os.Environ(), "RATEGATE_ADMIN_TOKEN=tok")
-		var out strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if code != wantCode {
-			t.Fatalf("rategate admin %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, wantCode, out.String())
-		}
-		return out.String()
-	}
-	contains := func(out string, wants ...string) {
-		t.Helper()
-		for _, w := range wants {
-			if !strings.Contains(out, w) {
-				t.Fatalf("output lacks %q:\n%s", w, out)
-			}
-		}
-	}
-	contains(run(0, "identity", "per-user", "user=cli", "limit=4", "ttl=30d", "reason=big customer"), "set", "4/1h", "big customer", "until")
-	contains(run(0, "identity", "per-user", "user=cli"), "4/1h", "big customer", "set by")
-	contains(run(0, "identity", "per-user", "user=bot", "block", "ttl=1h"), "blocked")
-	contains(run(0, "identity", "per-user", "user=probe", "exempt"), "exempt")
-	contains(run(0, "identity", "per-user", "list"), "IDENTITY", "user=cli", "user=bot", "blocked", "user=partner", "config", "contract", "6/1h")
-	contains(run(1, "identity", "per-user", "user=x", "exempt", "limit=3"), "limit: cannot go with exempt", "400")
-	contains(run(1, "identity", "per-user", "usr=x", "limit=3"), "not a dimension", "400")
-	contains(run(1, "identity", "nosuch", "user=x", "limit=3"), "no such rule", "404")
-	contains(run(2, "identity", "per-user", "user=x", "exempt", "block"), "give one of exempt, block, clear, list")
+	run := adminCLI(t, a.admin, "tok")
+	mustContain(t, run(0, "identity", "per-user", "user=cli", "limit=4", "ttl=30d", "reason=big customer"), "set", "4/1h", "big customer", "until")
+	mustContain(t, run(0, "identity", "per-user", "user=cli"), "4/1h", "big customer", "set by")
+	mustContain(t, run(0, "identity", "per-user", "user=bot", "block", "ttl=1h"), "blocked")
+	mustContain(t, run(0, "identity", "per-user", "user=probe", "exempt"), "exempt")
+	mustContain(t, run(0, "identity", "per-user", "list"), "IDENTITY", "user=cli", "user=bot", "blocked", "user=partner", "config", "contract", "6/1h")
+	mustContain(t, run(1, "identity", "per-user", "user=x", "exempt", "limit=3"), "limit: cannot go with exempt", "400")
+	mustContain(t, run(1, "identity", "per-user", "usr=x", "limit=3"), "not a dimension", "400")
+	mustContain(t, run(1, "identity", "nosuch", "user=x", "limit=3"), "no such rule", "404")
+	mustContain(t, run(2, "identity", "per-user", "user=x", "exempt", "block"), "give one of exempt, block, clear, list")
 	for i := 0; i < 3; i++ {
 		a.askAs("/x", "192.0.2.9", "bot")
 	}
@@ -298,9 +271,9 @@ func TestIdentityOverridesAcrossProcesses(t *testing.T) {
 		}
 		return nil
 	})
-	contains(run(0, "key", "per-user", "user=cli"), "identity override", "4/1h")
-	contains(run(0, "identity", "per-user", "user=cli", "clear"), "deleted", "the rule's own numbers apply")
-	contains(run(1, "identity", "per-user", "user=cli", "clear"), "no runtime identity override", "404")
+	mustContain(t, run(0, "key", "per-user", "user=cli"), "identity override", "4/1h")
+	mustContain(t, run(0, "identity", "per-user", "user=cli", "clear"), "deleted", "the rule's own numbers apply")
+	mustContain(t, run(1, "identity", "per-user", "user=cli", "clear"), "no runtime identity override", "404")
 	var l policy.IdentityList
 	if err := json.Unmarshal([]byte(b.api("GET", "/v1/rules/per-user/identities", "", 200)), &l); err != nil {
 		t.Fatal(err)

@@ -453,47 +453,22 @@ func TestCLI(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		p.auth("X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-User-Id", "mallory")
 	}
-	run := func(wantCode int, args ...string) string {
-		t.Helper()
-		cmd := exec.Command(rategateBin(t), append([]string{"admin", "-addr", p.admin}, args...)...)
-		cmd.Env = append(os.Environ(), "RATEGATE_ADMIN_TOKEN=clitok")
-		var out strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if code != wantCode {
-			t.Fatalf("rategate admin %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, wantCode, out.String())
-		}
-		return out.String()
-	}
-	contains := func(out string, wants ...string) {
-		t.Helper()
-		for _, w := range wants {
-			if !strings.Contains(out, w) {
-				t.Fatalf("output lacks %q:\n%s", w, out)
-			}
-		}
-	}
-	contains(run(0, "rules"), "RULE", "per-user", "sliding_log", "3/1h")
-	contains(run(0, "override", "per-user", "limit=20", "reason=incident 42"), "20/1h", "incident 42")
-	contains(run(0, "rules"), "limit=20")
-	contains(run(1, "override", "per-user", "limit=0", "factor=lots"), "limit: must be >= 1, got 0", `factor: must be a number such as 1.5, got "lots"`, "400")
-	contains(run(1, "override", "per-user", "burst=2"), "burst: is only for gcra and token_bucket, not sliding_log", "400")
-	contains(run(1, "override", "nosuch", "limit=2"), "no such rule", "404")
-	contains(run(0, "override", "per-user", "clear"), "3/1h")
-	contains(run(0, "key", "per-user", "user=mallory"), "remaining", "0", "zset of 3")
-	contains(run(0, "top"), "mallory", "2")
-	contains(run(0, "reset", "per-user", "user=mallory"), "reset", "remaining", "3")
-	contains(run(1, "key", "per-user"), "user", "give ?user=")
-	contains(run(0, "reload"), "reloaded", "1 rules")
-	contains(run(2, "frobnicate"), "unknown command")
+	run := adminCLI(t, p.admin, "clitok")
+	mustContain(t, run(0, "rules"), "RULE", "per-user", "sliding_log", "3/1h")
+	mustContain(t, run(0, "override", "per-user", "limit=20", "reason=incident 42"), "20/1h", "incident 42")
+	mustContain(t, run(0, "rules"), "limit=20")
+	mustContain(t, run(1, "override", "per-user", "limit=0", "factor=lots"), "limit: must be >= 1, got 0", `factor: must be a number such as 1.5, got "lots"`, "400")
+	mustContain(t, run(1, "override", "per-user", "burst=2"), "burst: is only for gcra and token_bucket, not sliding_log", "400")
+	mustContain(t, run(1, "override", "nosuch", "limit=2"), "no such rule", "404")
+	mustContain(t, run(0, "override", "per-user", "clear"), "3/1h")
+	mustContain(t, run(0, "key", "per-user", "user=mallory"), "remaining", "0", "zset of 3")
+	mustContain(t, run(0, "top"), "mallory", "2")
+	mustContain(t, run(0, "reset", "per-user", "user=mallory"), "reset", "remaining", "3")
+	mustContain(t, run(1, "key", "per-user"), "user", "give ?user=")
+	mustContain(t, run(0, "reload"), "reloaded", "1 rules")
+	mustContain(t, run(2, "frobnicate"), "unknown command")
 	writeFile(t, cfg, "rules: [{name: x}]\n")
-	contains(run(1, "reload"), "running rules were kept", "algorithm is required")
+	mustContain(t, run(1, "reload"), "running rules were kept", "algorithm is required")
 
 	// Wrong token: the server's 401 message, exit 1.
 	cmd := exec.Command(rategateBin(t), "admin", "-addr", p.admin, "-token", "nope", "rules")

@@ -11,6 +11,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -192,4 +194,38 @@ func within(t testing.TB, d time.Duration, what string, cond func() error) time.
 // uniquePrefix returns a Redis key prefix of its own for a test.
 func uniquePrefix(t testing.TB) string {
 	return fmt.Sprintf("t%d", time.Now().UnixNano()%1_000_000_000)
+}
+
+// adminCLI returns a runner of `rategate admin -addr addr ARGS...` with the
+// admin token in the environment: it fails the test unless the exit code
+// is wantCode, and returns what the command printed.
+func adminCLI(t *testing.T, addr, token string) func(wantCode int, args ...string) string {
+	return func(wantCode int, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(rategateBin(t), append([]string{"admin", "-addr", addr}, args...)...)
+		cmd.Env = append(os.Environ(), "RATEGATE_ADMIN_TOKEN="+token)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != wantCode {
+			t.Fatalf("rategate admin %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, wantCode, out.String())
+		}
+		return out.String()
+	}
+}
+
+// mustContain fails the test unless out contains every one of wants.
+func mustContain(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(out, w) {
+			t.Fatalf("output lacks %q:\n%s", w, out)
+		}
+	}
 }

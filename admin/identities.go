@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
-	"sort"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -222,18 +221,7 @@ func keyedOn(r *limits.Rule, k limits.KeyKind) bool {
 }
 
 // describeDims writes dims as "user=acme, ip=192.0.2.1".
-func describeDims(dims map[string]string) string {
-	keys := make([]string, 0, len(dims))
-	for k := range dims {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + dims[k]
-	}
-	return strings.Join(parts, ", ")
-}
+func describeDims(dims map[string]string) string { return limits.JoinPairs(dims, ", ") }
 
 // caller names who makes an admin call, for the overrides it sets: the
 // client's address.

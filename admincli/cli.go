@@ -504,16 +504,7 @@ func describeRaw(r *limits.RawValue) string {
 	case "none":
 		return "none (no stored state: full quota)"
 	case "hash":
-		keys := make([]string, 0, len(r.Hash))
-		for k := range r.Hash {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		parts := make([]string, len(keys))
-		for i, k := range keys {
-			parts[i] = k + "=" + r.Hash[k]
-		}
-		return "hash " + strings.Join(parts, " ") + ttl
+		return "hash " + limits.JoinPairs(r.Hash, " ") + ttl
 	case "zset":
 		parts := make([]string, 0, min(len(r.ZSet), 5))
 		for i, m := range r.ZSet {

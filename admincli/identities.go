@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/policy"
 )
 
@@ -210,15 +210,4 @@ func describeQuery(q url.Values) string {
 	return describeMap(m)
 }
 
-func describeMap(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + m[k]
-	}
-	return strings.Join(parts, " ")
-}
+func describeMap(m map[string]string) string { return limits.JoinPairs(m, " ") }

@@ -7,7 +7,6 @@ import (
 	"math/big"
 	"net/netip"
 	"net/textproto"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -504,15 +503,7 @@ func validateIdentityOverrides(d *decoder, raw *rawIdentityOverrides, out *Ident
 // describeExceptions writes a rule's exceptions as -check prints them.
 func describeExceptions(b *strings.Builder, r *limits.Rule) {
 	for _, ex := range r.Exceptions {
-		keys := make([]string, 0, len(ex.Match))
-		for k := range ex.Match {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		who := make([]string, len(keys))
-		for i, k := range keys {
-			who[i] = k + "=" + ex.Match[k]
-		}
+		who := limits.JoinPairs(ex.Match, ", ")
 		what := ex.Action.String()
 		if ex.Action == limits.IdentityLimit {
 			if eff, err := ExceptionRule(r, &ex); err == nil {
@@ -525,6 +516,6 @@ func describeExceptions(b *strings.Builder, r *limits.Rule) {
 		if ex.Reason != "" {
 			what += " (" + ex.Reason + ")"
 		}
-		fmt.Fprintf(b, "  %-11s %s: %s\n", "exception:", strings.Join(who, ", "), what)
+		fmt.Fprintf(b, "  %-11s %s: %s\n", "exception:", who, what)
 	}
 }

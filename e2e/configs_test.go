@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/internal/procs"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -80,7 +81,7 @@ func TestShippedConfigsRunUnprivileged(t *testing.T) {
 			})
 			if err != nil {
 				t.Fatalf("nginx -c %s as an unprivileged user: %v\n%s\nerror.log:\n%s",
-					conf, err, p.logTail(), fileTail(filepath.Join(prefix, "logs", "error.log"), 10))
+					conf, err, p.logTail(), procs.FileTail(filepath.Join(prefix, "logs", "error.log"), 10))
 			}
 		})
 	}

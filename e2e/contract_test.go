@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/internal/procs"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -60,7 +61,7 @@ func (m *mini) rategate(t *testing.T, name, yaml string) *rategate {
 	r.start(t)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("%s log:\n%s", name, fileTail(r.proc.logPath, 15))
+			t.Logf("%s log:\n%s", name, procs.FileTail(r.proc.logPath, 15))
 		}
 	})
 	return r

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/internal/procs"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -76,7 +77,7 @@ func startStack(t *testing.T, v variant) *stack {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, r := range s.rg {
-				t.Logf("%s log:\n%s", r.name, fileTail(filepath.Join(s.dir, r.name+".log"), 15))
+				t.Logf("%s log:\n%s", r.name, procs.FileTail(filepath.Join(s.dir, r.name+".log"), 15))
 			}
 		}
 	})

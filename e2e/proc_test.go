@@ -3,9 +3,6 @@
 package e2e
 
 import (
-	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -56,20 +53,7 @@ func (p *proc) exited() bool { return p.Exited() }
 
 // logTail returns the last lines of the process's log, for failure messages.
 func (p *proc) logTail() string {
-	return fileTail(p.logPath, 30)
-}
-
-// fileTail returns the last n lines of a file, or why it cannot.
-func fileTail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return procs.FileTail(p.logPath, 30)
 }
 
 // waitFor polls cond every 20ms until it returns nil or within has passed,

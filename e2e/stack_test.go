@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rategate/rategate/internal/procs"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -301,13 +302,13 @@ func startNginx(t testing.TB, name, conf string, rw rewrite) *nginxServer {
 		if err == nil {
 			t.Cleanup(func() {
 				if t.Failed() {
-					t.Logf("nginx %s error log:\n%s", name, fileTail(n.errorLog(), 20))
+					t.Logf("nginx %s error log:\n%s", name, procs.FileTail(n.errorLog(), 20))
 				}
 			})
 			return n
 		}
 		n.proc.stop()
-		last = fmt.Sprintf("%v\nstderr:\n%s\nerror.log:\n%s", err, n.proc.logTail(), fileTail(n.errorLog(), 20))
+		last = fmt.Sprintf("%v\nstderr:\n%s\nerror.log:\n%s", err, n.proc.logTail(), procs.FileTail(n.errorLog(), 20))
 		if !strings.Contains(last, "Address already in use") {
 			break
 		}

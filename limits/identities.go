@@ -8,6 +8,8 @@ import (
 	"hash/maphash"
 	"maps"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -450,4 +452,20 @@ type IdentityCapError struct{ Max int }
 
 func (e *IdentityCapError) Error() string {
 	return fmt.Sprintf("%d identity overrides are stored, the most identity_overrides.max_entries allows; delete some (or raise it)", e.Max)
+}
+
+// JoinPairs writes m as key=value pairs in key order, sep between them:
+// how an identity's dimensions (or a stored record's fields) are shown to
+// people, in the admin API, the CLI, -check and the logs.
+func JoinPairs(m map[string]string, sep string) string {
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(m[k])
+	}
+	return b.String()
 }

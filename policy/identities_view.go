@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/rategate/rategate/limits"
@@ -266,15 +265,4 @@ func (x *Identities) Blocked(rule, id string) bool {
 }
 
 // describeMatch writes an identity as "user=acme, ip=10.0.0.0/8".
-func describeMatch(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + m[k]
-	}
-	return strings.Join(parts, ", ")
-}
+func describeMatch(m map[string]string) string { return limits.JoinPairs(m, ", ") }

@@ -438,9 +438,8 @@ func compileAction(raw *rawException, ex *limits.Exception, r *limits.Rule, rule
 // ExceptionRule returns rule r with the numbers of exception ex applied,
 // checked against the bounds every rule obeys: limit and period replace
 // the rule's, burst replaces it or keeps its ratio to the limit, factor
-// scales limit and burst (rounded down, at least 1) last. It is the
-// derivation policy.Apply makes for a runtime override (a test keeps the
-// two equal); the error is Errors.
+// scales limit and burst (rounded down, at least 1) last. policy.Apply
+// derives a runtime override's rule with it too; the error is Errors.
 func ExceptionRule(r *limits.Rule, ex *limits.Exception) (*limits.Rule, error) {
 	eff := *r
 	if ex.Limit > 0 {
@@ -474,7 +473,9 @@ func ExceptionRule(r *limits.Rule, ex *limits.Exception) (*limits.Rule, error) {
 	return &eff, nil
 }
 
-// scaleExact returns floor(n * f), at least 1, on the decimal f is written as.
+// scaleExact returns floor(n * f), at least 1, computed exactly on the
+// decimal the factor was written as: 100 * 0.29 is 29, not
+// 28.999999999999996.
 func scaleExact(n int64, f float64) int64 {
 	rf, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
 	if !ok {

@@ -77,29 +77,6 @@ func TestParseIdentityOverride(t *testing.T) {
 	}
 }
 
-// TestExceptionRuleIsApply: the config file's exceptions and the runtime
-// overrides derive an identity's numbers the same way.
-func TestExceptionRuleIsApply(t *testing.T) {
-	g := &limits.Rule{Name: "g", Algorithm: limits.GCRA, Limit: 100, Period: time.Minute, Burst: 50, Cost: 1}
-	w := &limits.Rule{Name: "w", Algorithm: limits.SlidingLog, Limit: 100, Period: time.Minute, Burst: 100, Cost: 3}
-	for _, r := range []*limits.Rule{g, w} {
-		for _, n := range []numbers{
-			{factor: 0.29}, {factor: 1.5}, {limit: 200}, {limit: 200, burst: 7}, {limit: 200, factor: 0.5},
-			{period: time.Hour}, {factor: 0.001}, {limit: 20000}, {burst: 1}, {limit: 2}, {factor: 1000},
-		} {
-			a, aerr := Apply(r, &Override{Limit: n.limit, Burst: n.burst, Period: Duration(n.period), Factor: n.factor})
-			e, eerr := config.ExceptionRule(r, &limits.Exception{Limit: n.limit, Burst: n.burst, Period: n.period, Factor: n.factor})
-			if (aerr == nil) != (eerr == nil) {
-				t.Errorf("%s %+v: Apply error %v, ExceptionRule error %v", r.Name, n, aerr, eerr)
-				continue
-			}
-			if aerr == nil && (a.Limit != e.Limit || a.Burst != e.Burst || a.Period != e.Period) {
-				t.Errorf("%s %+v: Apply %d/%v/%d, ExceptionRule %d/%v/%d", r.Name, n, a.Limit, a.Period, a.Burst, e.Limit, e.Period, e.Burst)
-			}
-		}
-	}
-}
-
 const identitiesConfig = `
 rules:
   - name: api

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/big"
 	"sort"
 	"strconv"
 	"strings"
@@ -226,34 +225,12 @@ func jsonInt(v json.RawMessage) (int64, error) {
 // config file must obey. r is not modified; the result shares r's match and
 // key, which are immutable.
 func Apply(r *limits.Rule, o *Override) (*limits.Rule, error) {
-	eff := *r
-	if o.Limit > 0 {
-		eff.Limit = o.Limit
+	if o.Burst > 0 && !r.Algorithm.UsesBurst() {
+		return nil, FieldErrors{fmt.Sprintf("burst: is only for gcra and token_bucket, not %s", r.Algorithm)}
 	}
-	if o.Period > 0 {
-		eff.Period = time.Duration(o.Period)
-	}
-	switch {
-	case !r.Algorithm.UsesBurst():
-		if o.Burst > 0 {
-			return nil, FieldErrors{fmt.Sprintf("burst: is only for gcra and token_bucket, not %s", r.Algorithm)}
-		}
-		eff.Burst = eff.Limit
-	case o.Burst > 0:
-		eff.Burst = o.Burst
-	case eff.Limit != r.Limit:
-		// keep the file's burst:limit ratio (limit, burst <= 1e9: no overflow)
-		eff.Burst = max(r.Burst*eff.Limit/r.Limit, 1)
-	}
-	if o.Factor > 0 {
-		eff.Limit = scale(eff.Limit, o.Factor)
-		if r.Algorithm.UsesBurst() {
-			eff.Burst = scale(eff.Burst, o.Factor)
-		} else {
-			eff.Burst = eff.Limit
-		}
-	}
-	if err := config.CheckRule(&eff); err != nil {
+	// The same derivation as a config file exception's.
+	eff, err := config.ExceptionRule(r, &limits.Exception{Limit: o.Limit, Period: time.Duration(o.Period), Burst: o.Burst, Factor: o.Factor})
+	if err != nil {
 		var msgs FieldErrors
 		var list config.Errors
 		if errors.As(err, &list) {
@@ -265,7 +242,7 @@ func Apply(r *limits.Rule, o *Override) (*limits.Rule, error) {
 		}
 		return nil, msgs
 	}
-	return &eff, nil
+	return eff, nil
 }
 
 // withFactor turns CheckRule's "limit must be ..." into "limit: must be ...",
@@ -281,21 +258,6 @@ func withFactor(msg string, o *Override) string {
 		msg += fmt.Sprintf(" (after factor %s)", strconv.FormatFloat(o.Factor, 'g', -1, 64))
 	}
 	return msg
-}
-
-// scale returns floor(n * f), at least 1, computed exactly on the decimal
-// the factor was written as: 100 * 0.29 is 29, not 28.999999999999996.
-func scale(n int64, f float64) int64 {
-	rf, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
-	if !ok {
-		return max(int64(math.Floor(float64(n)*f)), 1)
-	}
-	x := new(big.Rat).Mul(new(big.Rat).SetInt64(n), rf)
-	q := new(big.Int).Quo(x.Num(), x.Denom()) // both positive: truncation is floor
-	if !q.IsInt64() {
-		return math.MaxInt64
-	}
-	return max(q.Int64(), 1)
 }
 
 // expired reports whether o has expired at now.

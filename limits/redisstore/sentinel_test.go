@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -132,6 +133,11 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("Name() = %q, want the new primary %s", rs.Name(), promoted)
 	}
 	t.Logf("ready: %s", rs.Name())
+	// go-redis's pool, after as many failed dials as it has connections
+	// (the outage), answers new dials with the last dial error (naming the
+	// old primary) until a probe it makes once a second succeeds; those
+	// decisions go to the fallback. Wait for that to pass before counting.
+	waitConcurrentDecides(t, rs, 16, 5*time.Second)
 	exactAllAlgorithms(t, rs, "after-failover")
 
 	rs.Close()
@@ -239,5 +245,37 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			}
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// waitConcurrentDecides waits until n decisions made at once all succeed.
+func waitConcurrentDecides(t *testing.T, s limits.Store, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				var r [1]limits.Result
+				ctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
+				defer cancel()
+				_, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{{Key: fmt.Sprintf("rg:{steady:%d}:fw", i), Algorithm: limits.FixedWindow,
+					Limit: 1, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1}}}, r[:])
+				errs <- err
+			}()
+		}
+		var err error
+		for range n {
+			if e := <-errs; e != nil {
+				err = e
+			}
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d decisions at once still failing %v after the failover: %v", n, within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

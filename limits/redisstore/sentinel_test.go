@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -133,11 +132,9 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("Name() = %q, want the new primary %s", rs.Name(), promoted)
 	}
 	t.Logf("ready: %s", rs.Name())
-	// go-redis's pool, after as many failed dials as it has connections
-	// (the outage), answers new dials with the last dial error (naming the
-	// old primary) until a probe it makes once a second succeeds; those
-	// decisions go to the fallback. Wait for that to pass before counting.
-	waitConcurrentDecides(t, rs, 16, 5*time.Second)
+	// Decisions that need a new connection go to the fallback until the
+	// pool dials again (see waitPoolDials); wait for that before counting.
+	waitPoolDials(t, rs, 5*time.Second)
 	exactAllAlgorithms(t, rs, "after-failover")
 
 	rs.Close()
@@ -248,20 +245,32 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// waitConcurrentDecides waits until n decisions made at once all succeed.
-func waitConcurrentDecides(t *testing.T, s limits.Store, n int, within time.Duration) {
+// waitPoolDials waits until the store's connection pool opens new
+// connections again, as many at once as it may hold. After an outage
+// go-redis's pool, once as many dials have failed as it has connections,
+// answers every new dial with the last dial error (naming the old primary)
+// until a probe it makes once a second succeeds; decisions that wait for a
+// connection meanwhile fail. Decisions made at once share connections (the
+// coalescer batches them), so only holding PoolSize connections proves it.
+func waitPoolDials(t *testing.T, s *Store, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		errs := make(chan error, n)
-		for i := range n {
+	c, ok := s.client.(*redis.Client)
+	if !ok {
+		t.Fatalf("the Sentinel store's client is a %T, want *redis.Client", s.client)
+	}
+	n := c.Options().PoolSize
+	start := time.Now()
+	deadline := start.Add(within)
+	for tries := 1; ; tries++ {
+		errs, release := make(chan error, n), make(chan struct{})
+		for range n {
 			go func() {
-				var r [1]limits.Result
-				ctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
+				conn := c.Conn()
+				defer conn.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
-				_, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{{Key: fmt.Sprintf("rg:{steady:%d}:fw", i), Algorithm: limits.FixedWindow,
-					Limit: 1, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1}}}, r[:])
-				errs <- err
+				errs <- conn.Ping(ctx).Err()
+				<-release // hold the connection until every other has one too
 			}()
 		}
 		var err error
@@ -270,11 +279,13 @@ func waitConcurrentDecides(t *testing.T, s limits.Store, n int, within time.Dura
 				err = e
 			}
 		}
+		close(release)
 		if err == nil {
+			t.Logf("the pool opened %d connections at once after %v (%d tries)", n, time.Since(start).Round(time.Millisecond), tries)
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d decisions at once still failing %v after the failover: %v", n, within, err)
+			t.Fatalf("the pool still cannot open %d connections %v after the failover: %v", n, within, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

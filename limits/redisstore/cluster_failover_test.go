@@ -390,6 +390,7 @@ func TestClusterOutageAndRecovery(t *testing.T) {
 		t.Fatalf("Ping after recovery: %v", err)
 	}
 	t.Logf("recovered: %s", rs.Name())
+	waitPoolDials(t, rs, 5*time.Second)
 	exactOnEveryPrimary(t, c, rs, "after-outage")
 
 	rs.Close()

@@ -245,48 +245,72 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// waitPoolDials waits until the store's connection pool opens new
-// connections again, as many at once as it may hold. After an outage
-// go-redis's pool, once as many dials have failed as it has connections,
-// answers every new dial with the last dial error (naming the old primary)
-// until a probe it makes once a second succeeds; decisions that wait for a
-// connection meanwhile fail. Decisions made at once share connections (the
-// coalescer batches them), so only holding PoolSize connections proves it.
+// waitPoolDials waits until the store's connection pools open new
+// connections again, as many at once as each may hold (on a cluster, the
+// pool of every primary). After an outage go-redis's pool, once as many
+// dials have failed as it has connections, answers every new dial with the
+// last dial error (naming the old primary) until a probe it makes once a
+// second succeeds; decisions that wait for a connection meanwhile fail.
+// Decisions made at once share connections (the coalescer batches them), so
+// only holding PoolSize connections proves it.
 func waitPoolDials(t *testing.T, s *Store, within time.Duration) {
 	t.Helper()
-	c, ok := s.client.(*redis.Client)
-	if !ok {
-		t.Fatalf("the Sentinel store's client is a %T, want *redis.Client", s.client)
-	}
-	n := c.Options().PoolSize
 	start := time.Now()
 	deadline := start.Add(within)
 	for tries := 1; ; tries++ {
-		errs, release := make(chan error, n), make(chan struct{})
-		for range n {
-			go func() {
-				conn := c.Conn()
-				defer conn.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				errs <- conn.Ping(ctx).Err()
-				<-release // hold the connection until every other has one too
-			}()
-		}
 		var err error
-		for range n {
-			if e := <-errs; e != nil {
-				err = e
+		if s.nodes != nil {
+			// Decisions use the store's own client per primary.
+			s.nodes.mu.RLock()
+			primaries := map[*redis.Client]bool{}
+			for _, nd := range s.nodes.slots {
+				if nd != nil {
+					primaries[nd.client] = true
+				}
 			}
+			s.nodes.mu.RUnlock()
+			for c := range primaries {
+				if e := holdConns(c); e != nil {
+					err = e
+				}
+			}
+		} else if c, ok := s.client.(*redis.Client); ok {
+			err = holdConns(c)
+		} else {
+			t.Fatalf("the store's client is a %T", s.client)
 		}
-		close(release)
 		if err == nil {
-			t.Logf("the pool opened %d connections at once after %v (%d tries)", n, time.Since(start).Round(time.Millisecond), tries)
+			t.Logf("the pools opened PoolSize connections at once after %v (%d tries)", time.Since(start).Round(time.Millisecond), tries)
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the pool still cannot open %d connections %v after the failover: %v", n, within, err)
+			t.Fatalf("the pools still cannot open PoolSize connections %v after the outage: %v", within, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// holdConns takes as many connections from c's pool as it may hold, all
+// at once, and pings on each.
+func holdConns(c *redis.Client) error {
+	n := c.Options().PoolSize
+	errs, release := make(chan error, n), make(chan struct{})
+	for range n {
+		go func() {
+			conn := c.Conn()
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			errs <- conn.Ping(ctx).Err()
+			<-release // hold the connection until every other has one too
+		}()
+	}
+	var err error
+	for range n {
+		if e := <-errs; e != nil {
+			err = e
+		}
+	}
+	close(release)
+	return err
 }

@@ -35,6 +35,77 @@ local function rg_one(key, now, code, limit, period, burst, cost, shadow)
   return {admitted, now, a, rem, reset, retry}
 end
 
+-- rg_all decides a request of n checks all-or-nothing, for this driver and
+-- decide_many.lua's: its keys are KEYS[k0 .. k0+n-1]; its numbers start at
+-- ARGV[a0], 6 per check as this file's header says, or, when shapes is given
+-- (decide_many.lua's layout), 2 per check: the index of its shape in shapes
+-- ({code, limit, period, burst, shadow}) and its cost. The numbers are read
+-- where they stand, not copied into tables of this file's layout first.
+local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
+  local reply = {1, now}
+  -- pending writes, 10 values per allowed check: code, limit, period, burst,
+  -- the four the algorithm hands back for its put, and the remaining and
+  -- reset a zero-cost look would report, when it hands them back (sized for
+  -- two checks, grown beyond)
+  local pend = {false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false}
+  for i = 1, n do
+    local code, limit, period, burst, cost, shadow
+    if shapes then
+      local b = a0 + 2 * (i - 1)
+      local s = shapes[tonumber(ARGV[b])]
+      code, limit, period, burst, shadow = s[1], s[2], s[3], s[4], s[5]
+      cost = tonumber(ARGV[b + 1])
+    else
+      local b = a0 + 6 * (i - 1)
+      code, limit, period, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+      cost, shadow = tonumber(ARGV[b + 4]), ARGV[b + 5] == '1'
+    end
+    local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, KEYS[k0 + i - 1], now, limit, period,
+      burst, cost, false)
+    if not a then
+      return redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
+    end
+    if a == 0 and not shadow then reply[1] = 0 end
+    local o = 3 + (i - 1) * 4
+    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
+    if a == 1 and w1 then
+      local q = (i - 1) * 10
+      pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
+      pend[q + 6], pend[q + 7], pend[q + 8], pend[q + 9], pend[q + 10] = w2, w3, w4, lrem, lreset
+    end
+  end
+
+  if reply[1] == 1 then
+    for i = 1, n do
+      local q = (i - 1) * 10
+      if pend[q + 1] then
+        rg_put(pend[q + 1], KEYS[k0 + i - 1], now, pend[q + 2], pend[q + 3], pend[q + 4],
+          pend[q + 5], pend[q + 6], pend[q + 7], pend[q + 8])
+      end
+    end
+    return reply
+  end
+
+  -- Denied: nothing is written; rules that would have taken something
+  -- report their quota as it stands, what a zero-cost look reports: as the
+  -- algorithm handed it back, or asked again (an algorithm may hand back
+  -- none).
+  for i = 1, n do
+    local q = (i - 1) * 10
+    if pend[q + 1] then
+      local o = 3 + (i - 1) * 4
+      if pend[q + 9] then
+        reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
+      else
+        reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = rg_check(pend[q + 1], KEYS[k0 + i - 1], now,
+          pend[q + 2], pend[q + 3], pend[q + 4], 0, false)
+      end
+    end
+  end
+  return reply
+end
+
 -- @driver: lua.go puts everything above this line at the top level of the
 -- script and of the function library, and the rest in the script's body and
 -- the library's decide function.
@@ -50,56 +121,4 @@ if n == 1 then
     tonumber(ARGV[6]), ARGV[7] == '1')
 end
 
-local reply = {1, now}
--- pending writes, 10 values per allowed check: code, limit, period, burst,
--- the four the algorithm hands back for its put, and the remaining and
--- reset a zero-cost look would report, when it hands them back (sized for
--- two checks, grown beyond)
-local pend = {false, false, false, false, false, false, false, false, false, false,
-  false, false, false, false, false, false, false, false, false, false}
-for i = 1, n do
-  local b = 2 + (i - 1) * 6
-  local code = tonumber(ARGV[b])
-  local limit, period, burst = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, KEYS[i], now, limit, period, burst,
-    tonumber(ARGV[b + 4]), false)
-  if not a then
-    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[b]))
-  end
-  if a == 0 and ARGV[b + 5] ~= '1' then reply[1] = 0 end
-  local o = 3 + (i - 1) * 4
-  reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
-  if a == 1 and w1 then
-    local q = (i - 1) * 10
-    pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
-    pend[q + 6], pend[q + 7], pend[q + 8], pend[q + 9], pend[q + 10] = w2, w3, w4, lrem, lreset
-  end
-end
-
-if reply[1] == 1 then
-  for i = 1, n do
-    local q = (i - 1) * 10
-    if pend[q + 1] then
-      rg_put(pend[q + 1], KEYS[i], now, pend[q + 2], pend[q + 3], pend[q + 4],
-        pend[q + 5], pend[q + 6], pend[q + 7], pend[q + 8])
-    end
-  end
-  return reply
-end
-
--- Denied: nothing is written; rules that would have taken something report
--- their quota as it stands, what a zero-cost look reports: as the algorithm
--- handed it back, or asked again (an algorithm may hand back none).
-for i = 1, n do
-  local q = (i - 1) * 10
-  if pend[q + 1] then
-    local o = 3 + (i - 1) * 4
-    if pend[q + 9] then
-      reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
-    else
-      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = rg_check(pend[q + 1], KEYS[i], now,
-        pend[q + 2], pend[q + 3], pend[q + 4], 0, false)
-    end
-  end
-end
-return reply
+return rg_all(KEYS, ARGV, 1, 2, n, now, nil)

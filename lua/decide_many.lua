@@ -7,7 +7,7 @@
 -- slot), it sends them as one FCALL of this function, and pays that once.
 -- Only the function library holds it (lua.go wraps this file as the
 -- function rg_decide_many, next to rg_decide, which is decide.lua's driver;
--- a decision of one check goes straight to decide.lua's rg_one).
+-- a decision goes straight to decide.lua's rg_one or rg_all).
 --
 -- KEYS     every decision's keys, one decision after another
 -- ARGV[1]  m, the number of decisions
@@ -68,17 +68,7 @@ local function decide_one(k, a)
     local s = shapes[tonumber(ARGV[a + 2])]
     return rg_one(KEYS[k], now, s[1], s[2], s[3], s[4], tonumber(ARGV[a + 3]), s[5])
   end
-  -- decide.lua's own KEYS and ARGV for this decision
-  local keys, args = {}, {now}
-  for i = 1, n do
-    keys[i] = KEYS[k + i - 1]
-    local s = shapes[tonumber(ARGV[a + 2 * i])]
-    local b = 2 + 6 * (i - 1)
-    args[b], args[b + 1], args[b + 2], args[b + 3] = s[1], s[2], s[3], s[4]
-    args[b + 4] = tonumber(ARGV[a + 2 * i + 1])
-    args[b + 5] = s[5] and '1' or '0'
-  end
-  return rg_decide(keys, args)
+  return rg_all(KEYS, ARGV, k, a + 2, n, now, shapes)
 end
 
 local out = {}

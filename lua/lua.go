@@ -212,7 +212,7 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
-	// decide.lua's functions (rg_one) stand above its "@driver" line, its
+	// decide.lua's functions (rg_one, rg_all) stand above its "@driver" line, its
 	// driver below.
 	cut := strings.Index(decideSrc, driverMarker)
 	if cut < 0 {

@@ -75,6 +75,10 @@ func BenchmarkShipping(b *testing.B) {
 		{1, 100, 60_000_000, 100, 1}, {3, 1000, 3_600_000_000, 1000, 1}}})
 	shapes = append(shapes, shape{"three_rules", []string{"fw", "sw", "gc"}, [][5]int64{
 		{1, 100, 60_000_000, 100, 1}, {3, 1000, 3_600_000_000, 1000, 1}, {4, 10, 1_000_000, 20, 1}}})
+	// bench/policy.yaml's swm rules: a user's, a route's and the global
+	// sliding_window, the last two on one key each
+	shapes = append(shapes, shape{"three_sliding_windows", []string{"u", "route", "global"}, [][5]int64{
+		{3, 1000, 60_000_000, 1000, 1}, {3, 100_000_000, 60_000_000, 100_000_000, 1}, {3, 1_000_000_000, 60_000_000, 1_000_000_000, 1}}})
 	lib := Library()
 	for _, sh := range shapes {
 		args := []any{0}
@@ -84,7 +88,11 @@ func BenchmarkShipping(b *testing.B) {
 		keysOf := func(i int) []string {
 			out := make([]string, len(sh.suffix))
 			for j, s := range sh.suffix {
-				out[j] = fmt.Sprintf("rg:{bench:%d}:%s", i%1000, s)
+				if s == "route" || s == "global" {
+					out[j] = "rg:{bench}:" + s
+				} else {
+					out[j] = fmt.Sprintf("rg:{bench:%d}:%s", i%1000, s)
+				}
 			}
 			return out
 		}

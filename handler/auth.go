@@ -96,7 +96,6 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 
 	s.ctx.start(h.timeout)
 	err := h.dec.Decide(s.ctx, &s.req, &s.dec)
-	s.ctx.stop()
 	switch {
 	case s.dec.Undecided:
 		h.storeFailed(ctx, s.dec.Mode, err)

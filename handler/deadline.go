@@ -12,15 +12,28 @@ import (
 // new channel is made only after a deadline actually passed (the old one is
 // closed for good).
 //
+// The timer is not stopped when a decision returns, nor reset when the next
+// one starts: every decision of a scratch has the same timeout, so a timer
+// still armed for an earlier deadline fires before the new one, finds it
+// ahead, and re-arms itself for what is left. A busy scratch so costs one
+// timer run per timeout instead of a stop and a reset per request. Only a
+// start whose deadline comes before the armed one (a shorter timeout)
+// resets the timer. Once a deadline passed with no decision after it, the
+// timer closes Done and stays off.
+//
 // Whoever receives it must not keep it past the call: the next request
-// reuses it. The store honours that (the Redis store's pipelines copy the
-// deadline of a call they may still hold after its caller gave up).
+// reuses it, and an idle one expires at its last deadline. The store
+// honours that (the Redis store's pipelines copy the deadline of a call they
+// may still hold after its caller gave up).
 type deadlineCtx struct {
 	mu       sync.Mutex
 	deadline time.Time
 	done     chan struct{}
 	expired  bool
-	timer    *time.Timer
+	// armed: the timer will run at fireAt (or runs now).
+	armed  bool
+	fireAt time.Time
+	timer  *time.Timer
 }
 
 var _ context.Context = (*deadlineCtx)(nil)
@@ -40,24 +53,28 @@ func (c *deadlineCtx) start(d time.Duration) {
 		c.expired = false
 	}
 	c.deadline = time.Now().Add(d)
+	if !c.armed || c.fireAt.After(c.deadline) {
+		c.armed, c.fireAt = true, c.deadline
+		c.timer.Reset(d)
+	}
 	c.mu.Unlock()
-	c.timer.Reset(d)
 }
 
-// stop disarms it once the call returned.
-func (c *deadlineCtx) stop() { c.timer.Stop() }
-
-// expire runs on the timer. A run left over from an earlier request (a
-// timer func may still run after Stop or Reset) finds the deadline in the
-// future and does nothing.
+// expire runs on the timer: it closes Done if the deadline has passed, and
+// otherwise (a later decision moved the deadline) runs again at it.
 func (c *deadlineCtx) expire() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.expired || time.Now().Before(c.deadline) {
+	if left := time.Until(c.deadline); left > 0 {
+		c.armed, c.fireAt = true, c.deadline
+		c.timer.Reset(left)
 		return
 	}
-	c.expired = true
-	close(c.done)
+	c.armed = false
+	if !c.expired {
+		c.expired = true
+		close(c.done)
+	}
 }
 
 func (c *deadlineCtx) Deadline() (time.Time, bool) {

@@ -29,7 +29,6 @@ func TestDeadlineCtx(t *testing.T) {
 	if !errors.Is(c.Err(), context.DeadlineExceeded) {
 		t.Fatalf("expired: Err %v", c.Err())
 	}
-	c.stop()
 
 	// Reused after expiring: a new channel, open.
 	c.start(time.Hour)
@@ -41,21 +40,56 @@ func TestDeadlineCtx(t *testing.T) {
 	if c.Err() != nil {
 		t.Fatalf("reused: Err %v", c.Err())
 	}
-	c.stop()
 
-	// A short use, stopped in time, then a long one: the first use's timer
-	// must not end the second.
+	// A short use, then a long one: the first use's timer must not end
+	// the second.
 	for range 200 {
 		c.start(time.Microsecond)
-		c.stop()
 		c.start(time.Hour)
 		time.Sleep(10 * time.Microsecond)
 		if c.Err() != nil {
 			t.Fatal("a stale timer ended a later use")
 		}
-		c.stop()
+	}
+
+	// A long use, then a shorter one (a smaller timeout): the timer armed
+	// for the first must not hold the second past its own deadline.
+	c.start(20 * time.Millisecond)
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a 20ms use after an hour's use: not done after 5s")
 	}
 	if c.Value("k") != nil {
 		t.Fatal("Value")
+	}
+}
+
+// TestDeadlineCtxBusy: a context restarted faster than its timeout never
+// expires while it is in use (its timer, armed for an earlier deadline,
+// moves on to the latest), and expires at the last deadline once the
+// restarts stop, not before.
+func TestDeadlineCtxBusy(t *testing.T) {
+	c := newDeadlineCtx()
+	const timeout = 20 * time.Millisecond
+	var last time.Time
+	for end := time.Now().Add(6 * timeout); time.Now().Before(end); {
+		c.start(timeout)
+		last, _ = c.Deadline()
+		time.Sleep(timeout / 10)
+		if err := c.Err(); err != nil {
+			t.Fatalf("expired %v before its deadline", time.Until(last))
+		}
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not done 5s after the last deadline")
+	}
+	if now := time.Now(); now.Before(last) {
+		t.Fatalf("done %v before the last deadline", last.Sub(now))
+	}
+	if !errors.Is(c.Err(), context.DeadlineExceeded) {
+		t.Fatalf("Err %v", c.Err())
 	}
 }

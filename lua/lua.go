@@ -196,6 +196,36 @@ func refundDriver(read source, algos []algorithm) (string, error) {
 	return strings.Replace(drv, "REFUND_TABLE", strings.Join(rt, ", "), 1), nil
 }
 
+// libGlobals are the globals the library's code reaches through locals
+// instead: a global is a table lookup on every use, and these are used on
+// every decision (BenchmarkShipping: about 4% of Redis's time per decision
+// in batches, sliding_window 4.44 → 4.27 µs, gcra 5.99 → 5.69, three
+// sliding_window rules 12.4 → 11.8). The library's top level runs at
+// FUNCTION LOAD, where Redis offers none of them, so the locals are
+// declared there (libPrelude) and every registered function sets them
+// first (libEntry). The sources keep the plain names: they run as they
+// are under redis-cli --eval, and the scripts use them as they are.
+var libGlobals = [][2]string{
+	{"redis.call", "rg_call"},
+	{"tonumber", "rg_tonumber"},
+	{"math.floor", "rg_floor"},
+	{"math.ceil", "rg_ceil"},
+	{"math.max", "rg_max"},
+	{"math.min", "rg_min"},
+	{"string.format", "rg_format"},
+}
+
+var libPrelude, libEntry, libLocals = func() (string, string, *strings.Replacer) {
+	var globals, locals, pairs []string
+	for _, g := range libGlobals {
+		globals, locals = append(globals, g[0]), append(locals, g[1])
+		pairs = append(pairs, g[0]+"(", g[1]+"(")
+	}
+	return "local " + strings.Join(locals, ", ") + "\n",
+		strings.Join(locals, ", ") + " = " + strings.Join(globals, ", ") + "\n",
+		strings.NewReplacer(pairs...)
+}()
+
 func build(readFile source) (assembly, error) {
 	// The library's version hashes every source read, comments included.
 	sources := sha1.New()
@@ -292,21 +322,26 @@ func build(readFile source) (assembly, error) {
 	ls.WriteString(leaseDrv)
 
 	// The library: every algorithm once, at load; the drivers as functions
-	// whose parameters are named like the globals a script sees.
+	// whose parameters are named like the globals a script sees, each
+	// starting with libEntry (see libGlobals).
 	var l strings.Builder
+	l.WriteString(libPrelude)
 	for _, a := range algos {
 		l.WriteString(a.body)
 		l.WriteString("\n")
 	}
 	dispatch(&l, algos)
 	l.WriteString(decideFns)
-	l.WriteString("local function rg_decide(KEYS, ARGV)\n")
+	l.WriteString("local function rg_decide(KEYS, ARGV)\n" + libEntry)
 	l.WriteString(decideDrv)
-	l.WriteString("end\n\nlocal function rg_decide_many(KEYS, ARGV)\n")
+	l.WriteString("end\n\nlocal function rg_decide_many(KEYS, ARGV)\n" + libEntry)
 	l.WriteString(manyDrv)
-	l.WriteString("end\n\nlocal function rg_refund(KEYS, ARGV)\n")
+	l.WriteString("end\n\nlocal function rg_refund(KEYS, ARGV)\n" + libEntry)
 	l.WriteString(refundDrv)
 	l.WriteString("end\n\n")
+	code := libLocals.Replace(l.String())
+	l.Reset()
+	l.WriteString(code)
 	sources.Write([]byte(l.String()))
 	lib := FunctionLibrary{Name: "rategate_" + hex.EncodeToString(sources.Sum(nil)[:6])}
 	lib.Decide, lib.DecideMany, lib.Refund = lib.Name+"_decide", lib.Name+"_decide_many", lib.Name+"_refund"

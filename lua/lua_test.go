@@ -229,6 +229,58 @@ func TestLibraryMatchesScript(t *testing.T) {
 	}
 }
 
+// TestLibraryGlobalsAsLocals: the library's code reaches libGlobals only
+// through their locals, every registered function sets them before
+// anything else, and each of the three functions works as the first call
+// after a load (when the locals are still unset).
+func TestLibraryGlobalsAsLocals(t *testing.T) {
+	lib := Library()
+	for _, g := range libGlobals {
+		if regexp.MustCompile(`(?:^|[^\w.])` + regexp.QuoteMeta(g[0]+"(")).MatchString(lib.Source) {
+			t.Errorf("the library still calls %s", g[0])
+		}
+	}
+	drivers := regexp.MustCompile(`(?m)^local function (rg_\w+)\(KEYS, ARGV\)\n(.*)\n`).FindAllStringSubmatch(lib.Source, -1)
+	if len(drivers) != 3 {
+		t.Fatalf("%d registered functions found, want 3", len(drivers))
+	}
+	for _, d := range drivers {
+		if d[2]+"\n" != libEntry {
+			t.Errorf("%s starts with %q, want %q", d[1], d[2], libEntry)
+		}
+	}
+
+	client := testredis.Start(t).Client(t)
+	ctx := context.Background()
+	now := time.Now().UnixMicro()
+	fw := [5]int64{1, 5, 10_000_000, 5, 1}
+	for _, first := range []struct {
+		name string
+		call func() error
+	}{
+		{"decide", func() error {
+			return client.FCall(ctx, lib.Decide, []string{"rg:{g}:d"}, decideArgv(now, fw)...).Err()
+		}},
+		{"decide_many", func() error {
+			keys, args := manyArgs(inSpace("g"), []manyDecision{{[]string{"m1", "m2"}, decideArgv(now, fw, fw)}})
+			return client.FCall(ctx, lib.DecideMany, keys, args...).Err()
+		}},
+		{"refund", func() error {
+			return client.FCall(ctx, lib.Refund, []string{"rg:{g}:r", "rg:{g}:r:1"}, now, 5000, fw[0], fw[1], fw[2], fw[3], fw[4], now, 4, 1000).Err()
+		}},
+	} {
+		if err := client.FunctionFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := client.FunctionLoadReplace(ctx, lib.Source).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := first.call(); err != nil {
+			t.Errorf("%s as the first call after FUNCTION LOAD: %v", first.name, err)
+		}
+	}
+}
+
 // TestOneTimePerDecision: a decision on the Redis clock asks TIME once,
 // however many checks it holds, through EVALSHA and FCALL alike.
 func TestOneTimePerDecision(t *testing.T) {

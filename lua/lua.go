@@ -199,8 +199,8 @@ func refundDriver(read source, algos []algorithm) (string, error) {
 // libGlobals are the globals the library's code reaches through locals
 // instead: a global is a table lookup on every use, and these are used on
 // every decision (BenchmarkShipping: about 4% of Redis's time per decision
-// in batches, sliding_window 4.44 → 4.27 µs, gcra 5.99 → 5.69, three
-// sliding_window rules 12.4 → 11.8). The library's top level runs at
+// in batches, sliding_window 4.44 → 4.23 µs, gcra 5.99 → 5.66, three
+// sliding_window rules 12.4 → 11.75). The library's top level runs at
 // FUNCTION LOAD, where Redis offers none of them, so the locals are
 // declared there (libPrelude) and every registered function sets them
 // first (libEntry). The sources keep the plain names: they run as they

@@ -461,7 +461,9 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 		}
 		reply, err, owned = nd.co.do(call)
 		if !owned {
-			nd.gate.Done(t, call.ctx.Err())
+			// The runner owns call now and may have released it (its ctx
+			// cleared) already: err is the caller's ctx.Err().
+			nd.gate.Done(t, err)
 			return reply, err, false
 		}
 		if notRun(err) {

@@ -49,28 +49,42 @@ local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
   -- two checks, grown beyond)
   local pend = {false, false, false, false, false, false, false, false, false, false,
     false, false, false, false, false, false, false, false, false, false}
+  if shapes then
+    -- Each check's shape and cost, read first: a check naming no shape,
+    -- or without a numeric cost, fails the decision before any check ran
+    -- (a check may rewrite a record it reads under a changed rule).
+    for i = 1, n do
+      local b, q = a0 + 2 * (i - 1), (i - 1) * 10
+      local s, cost = shapes[tonumber(ARGV[b])], tonumber(ARGV[b + 1])
+      if not s or not cost then
+        return redis.error_reply('rategate: decide_many check ' .. i .. ' has no shape or no cost')
+      end
+      pend[q + 1], pend[q + 2] = s, cost
+    end
+  end
   for i = 1, n do
-    local code, limit, period, burst, cost, shadow
+    local q = (i - 1) * 10
+    local code, limit, period, burst, cost, shadow, given
     if shapes then
-      local b = a0 + 2 * (i - 1)
-      local s = shapes[tonumber(ARGV[b])]
+      local s = pend[q + 1]
       code, limit, period, burst, shadow = s[1], s[2], s[3], s[4], s[5]
-      cost = tonumber(ARGV[b + 1])
+      cost = pend[q + 2]
+      pend[q + 1] = false
     else
       local b = a0 + 6 * (i - 1)
-      code, limit, period, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+      given = ARGV[b]
+      code, limit, period, burst = tonumber(given), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
       cost, shadow = tonumber(ARGV[b + 4]), ARGV[b + 5] == '1'
     end
     local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, KEYS[k0 + i - 1], now, limit, period,
       burst, cost, false)
     if not a then
-      return redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
+      return redis.error_reply('rategate: unknown algorithm code ' .. tostring(given or code))
     end
     if a == 0 and not shadow then reply[1] = 0 end
     local o = 3 + (i - 1) * 4
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
     if a == 1 and w1 then
-      local q = (i - 1) * 10
       pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
       pend[q + 6], pend[q + 7], pend[q + 8], pend[q + 9], pend[q + 10] = w2, w3, w4, lrem, lreset
     end

@@ -205,6 +205,48 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 	}
 }
 
+// TestDecideManyBadCheckWritesNothing: a multi-rule decision whose later
+// check names no shape, or has no numeric cost, fails alone, before its
+// earlier checks ran: a live sliding_window record its first check would
+// rewrite under a changed period is left as it was, and the decision after
+// it is decided as usual.
+func TestDecideManyBadCheckWritesNothing(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	now := time.Now().UnixMicro()
+	key := "rg:{b}:k"
+	if err := client.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{3, 5, 60_000_000, 5, 2})...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := client.HGetAll(ctx, key).Val()
+	for what, bad := range map[string][2]any{
+		"shape 7":      {7, 1},
+		"shape 0":      {0, 1},
+		"shape x":      {"x", 1},
+		"cost x":       {1, "x"},
+		"cost missing": {1, ""},
+	} {
+		// m=2, r=1 shape {sliding_window, 5, 90 s, 5, not shadow}; decision 1:
+		// two checks, the second bad; decision 2: one good check.
+		got, err := client.FCall(ctx, lib.DecideMany, []string{key, "rg:{b}:o", "rg:{b}:next"},
+			2, 1, 3, 5, 90_000_000, 5, 0,
+			2, now+1000, 1, 1, bad[0], bad[1],
+			1, now+1000, 1, 1).Slice()
+		if err != nil || len(got) != 2 {
+			t.Fatalf("%s: %v, %v", what, got, err)
+		}
+		if e, ok := got[0].(redis.Error); !ok || !strings.Contains(e.Error(), "rategate: decide_many check 2") {
+			t.Errorf("%s: decision 1 answered %v, want decide_many's error for its check 2", what, got[0])
+		}
+		if r, ok := got[1].([]any); !ok || r[0] != int64(1) {
+			t.Errorf("%s: decision 2 answered %v, want admitted", what, got[1])
+		}
+		if after := client.HGetAll(ctx, key).Val(); !reflect.DeepEqual(before, after) {
+			t.Errorf("%s: the failed decision rewrote %v to %v", what, before, after)
+		}
+	}
+}
+
 // TestDecideManyOneTime: the decisions of one call on the Redis clock read
 // TIME once and are decided at that instant; one that names its own
 // instant keeps it.

@@ -15,6 +15,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/rategate/rategate/limits"
@@ -215,16 +216,39 @@ var libGlobals = [][2]string{
 	{"string.format", "rg_format"},
 }
 
-var libPrelude, libEntry, libLocals = func() (string, string, *strings.Replacer) {
-	var globals, locals, pairs []string
+var libPrelude, libEntry, libCalls = func() (string, string, *regexp.Regexp) {
+	var globals, locals, quoted []string
 	for _, g := range libGlobals {
 		globals, locals = append(globals, g[0]), append(locals, g[1])
-		pairs = append(pairs, g[0]+"(", g[1]+"(")
+		quoted = append(quoted, regexp.QuoteMeta(g[0]))
 	}
+	// a call of one of them: the name, not the tail of a longer name or a
+	// field or method of something else, then "("
+	calls := regexp.MustCompile(`(^|[^\w.:])(` + strings.Join(quoted, "|") + `)\(`)
 	return "local " + strings.Join(locals, ", ") + "\n",
 		strings.Join(locals, ", ") + " = " + strings.Join(globals, ", ") + "\n",
-		strings.NewReplacer(pairs...)
+		calls
 }()
+
+// libLocals rewrites code's calls of libGlobals as calls of their locals.
+func libLocals(code string) string {
+	local := map[string]string{}
+	for _, g := range libGlobals {
+		local[g[0]] = g[1]
+	}
+	// Matches do not overlap, so in f(g(x)) the "(" before g belongs to
+	// f's match: run again until nothing is left.
+	for {
+		next := libCalls.ReplaceAllStringFunc(code, func(m string) string {
+			sub := libCalls.FindStringSubmatch(m)
+			return sub[1] + local[sub[2]] + "("
+		})
+		if next == code {
+			return code
+		}
+		code = next
+	}
+}
 
 func build(readFile source) (assembly, error) {
 	// The library's version hashes every source read, comments included.
@@ -339,7 +363,7 @@ func build(readFile source) (assembly, error) {
 	l.WriteString("end\n\nlocal function rg_refund(KEYS, ARGV)\n" + libEntry)
 	l.WriteString(refundDrv)
 	l.WriteString("end\n\n")
-	code := libLocals.Replace(l.String())
+	code := libLocals(l.String())
 	l.Reset()
 	l.WriteString(code)
 	sources.Write([]byte(l.String()))

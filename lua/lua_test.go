@@ -281,6 +281,18 @@ func TestLibraryGlobalsAsLocals(t *testing.T) {
 	}
 }
 
+// TestLibLocals: only calls of the globals themselves are rewritten, nested
+// ones too; a field, a method or a longer name that ends the same is not.
+func TestLibLocals(t *testing.T) {
+	in := "tonumber(a) + obj.tonumber(b) + s:tonumber(c) + my_tonumber(d) + math.max(math.ceil(e), math.min(1, 2))\n" +
+		"redis.call('HSET', k, 'c', string.format('%d', tonumber(x)))"
+	want := "rg_tonumber(a) + obj.tonumber(b) + s:tonumber(c) + my_tonumber(d) + rg_max(rg_ceil(e), rg_min(1, 2))\n" +
+		"rg_call('HSET', k, 'c', rg_format('%d', rg_tonumber(x)))"
+	if got := libLocals(in); got != want {
+		t.Fatalf("libLocals:\n got %s\nwant %s", got, want)
+	}
+}
+
 // TestOneTimePerDecision: a decision on the Redis clock asks TIME once,
 // however many checks it holds, through EVALSHA and FCALL alike.
 func TestOneTimePerDecision(t *testing.T) {

@@ -54,7 +54,7 @@ func (s *Server) identity(ctx *fasthttp.RequestCtx, method string, ids *policy.I
 	case "GET":
 		v, ok := ids.Lookup(r.Name, req)
 		if !ok {
-			writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("rule %q has no identity override or exception for %s", r.Name, describeDims(dims)), nil)
+			writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("rule %q has no identity override or exception for %s", r.Name, limits.JoinPairs(dims, ", ")), nil)
 			return
 		}
 		writeJSON(ctx, fasthttp.StatusOK, v)
@@ -219,9 +219,6 @@ func keyedOn(r *limits.Rule, k limits.KeyKind) bool {
 	}
 	return false
 }
-
-// describeDims writes dims as "user=acme, ip=192.0.2.1".
-func describeDims(dims map[string]string) string { return limits.JoinPairs(dims, ", ") }
 
 // caller names who makes an admin call, for the overrides it sets: the
 // client's address.

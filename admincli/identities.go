@@ -149,7 +149,7 @@ func (c *client) identityList(path string, q url.Values) int {
 		if by == "" {
 			by = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", describeMap(v.Identity), v.Source, v.Action, inForce(v), until, by, v.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", limits.JoinPairs(v.Identity, " "), v.Source, v.Action, inForce(v), until, by, v.Reason)
 	}
 	tw.Flush()
 	if len(l.Identities) == 0 {
@@ -207,7 +207,5 @@ func describeQuery(q url.Values) string {
 	for k := range q {
 		m[k] = q.Get(k)
 	}
-	return describeMap(m)
+	return limits.JoinPairs(m, " ")
 }
-
-func describeMap(m map[string]string) string { return limits.JoinPairs(m, " ") }

@@ -151,7 +151,7 @@ func exceptionsSignature(r *limits.Rule) string {
 	}
 	var b strings.Builder
 	for _, ex := range r.Exceptions {
-		fmt.Fprintf(&b, "%s:%s:%d:%d:%d:%g:%q;", describeMatch(ex.Match), ex.Action, ex.Limit, ex.Period, ex.Burst, ex.Factor, ex.Reason)
+		fmt.Fprintf(&b, "%s:%s:%d:%d:%d:%g:%q;", limits.JoinPairs(ex.Match, ", "), ex.Action, ex.Limit, ex.Period, ex.Burst, ex.Factor, ex.Reason)
 	}
 	return b.String()
 }
@@ -214,7 +214,7 @@ func (x *Identities) build(r *limits.Rule, sig string, now int64) *ruleIdentitie
 		rule, err := ri.ruleFor(ex.Action, numbers{limit: ex.Limit, burst: ex.Burst, period: ex.Period, factor: ex.Factor})
 		if err != nil {
 			ri.staticErr[i] = err.Error()
-			x.log.Warn().Str("rule", r.Name).Str("exception", describeMatch(ex.Match)).Str("error", err.Error()).
+			x.log.Warn().Str("rule", r.Name).Str("exception", limits.JoinPairs(ex.Match, ", ")).Str("error", err.Error()).
 				Msg("config exception does not fit the rule in force (a runtime override changed it); ignoring the exception")
 			continue
 		}

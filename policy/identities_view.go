@@ -263,6 +263,3 @@ func (x *Identities) Blocked(rule, id string) bool {
 	}
 	return false
 }
-
-// describeMatch writes an identity as "user=acme, ip=10.0.0.0/8".
-func describeMatch(m map[string]string) string { return limits.JoinPairs(m, ", ") }

@@ -97,8 +97,8 @@ func ParseOverride(body []byte, now time.Time) (Override, error) {
 	}
 	sort.Strings(keys)
 	given := 0
+	f := overrideFields{Limit: &o.Limit, Burst: &o.Burst, Period: &o.Period, Factor: &o.Factor, Reason: &o.Reason, ExpiresAt: &o.ExpiresAt}
 	for _, k := range keys {
-		f := overrideFields{Limit: &o.Limit, Burst: &o.Burst, Period: &o.Period, Factor: &o.Factor, Reason: &o.Reason, ExpiresAt: &o.ExpiresAt}
 		known, number := f.parse(k, raw[k], now, fail)
 		switch {
 		case !known:
@@ -131,72 +131,70 @@ type overrideFields struct {
 // a field it does not know; number says it set one of limit, period, burst
 // and factor. Problems go to fail, naming k.
 func (f overrideFields) parse(k string, v json.RawMessage, now time.Time, fail func(field, format string, args ...any)) (known, number bool) {
-	known = true
 	switch k {
 	case "limit", "burst":
 		n, err := jsonInt(v)
-		if err != nil {
+		switch {
+		case err != nil:
 			fail(k, "%v", err)
-			return known, number
-		}
-		if n < 1 {
+			return true, false
+		case n < 1:
 			fail(k, "must be >= 1, got %d", n)
-			return known, number
-		}
-		if k == "limit" {
+			return true, false
+		case k == "limit":
 			*f.Limit = n
-		} else {
+		default:
 			*f.Burst = n
 		}
-		number = true
+		return true, true
 	case "period":
 		var d Duration
-		if err := json.Unmarshal(v, &d); err != nil {
+		switch err := json.Unmarshal(v, &d); {
+		case err != nil:
 			fail(k, "%v", err)
-			return known, number
-		}
-		if d <= 0 {
+			return true, false
+		case d <= 0:
 			fail(k, "must be > 0, got %s", config.FormatDuration(time.Duration(d)))
-			return known, number
+			return true, false
+		default:
+			*f.Period = d
 		}
-		*f.Period = d
-		number = true
+		return true, true
 	case "factor":
 		var x float64
-		if err := json.Unmarshal(v, &x); err != nil {
+		switch err := json.Unmarshal(v, &x); {
+		case err != nil:
 			fail(k, "must be a number such as 1.5, got %s", v)
-			return known, number
-		}
-		if !(x > 0) || x > maxFactor || math.IsInf(x, 0) {
+			return true, false
+		case !(x > 0) || x > maxFactor || math.IsInf(x, 0):
 			fail(k, "must be > 0 and <= %g, got %s", maxFactor, v)
-			return known, number
+			return true, false
+		default:
+			*f.Factor = x
 		}
-		*f.Factor = x
-		number = true
+		return true, true
 	case "reason":
-		if err := json.Unmarshal(v, f.Reason); err != nil {
+		switch err := json.Unmarshal(v, f.Reason); {
+		case err != nil:
 			fail(k, "must be a string, got %s", v)
-			return known, number
-		}
-		if len(*f.Reason) > maxReasonLen {
+		case len(*f.Reason) > maxReasonLen:
 			fail(k, "must be at most %d bytes, got %d", maxReasonLen, len(*f.Reason))
 		}
+		return true, false
 	case "ttl":
 		var d Duration
-		if err := json.Unmarshal(v, &d); err != nil {
+		switch err := json.Unmarshal(v, &d); {
+		case err != nil:
 			fail(k, "%v", err)
-			return known, number
-		}
-		if d <= 0 || time.Duration(d) > maxTTL {
+		case d <= 0 || time.Duration(d) > maxTTL:
 			fail(k, "must be > 0 and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
-			return known, number
+		default:
+			exp := now.Add(time.Duration(d)).UTC()
+			*f.ExpiresAt = &exp
 		}
-		exp := now.Add(time.Duration(d)).UTC()
-		*f.ExpiresAt = &exp
-	default:
-		known = false
+		return true, false
 	}
-	return known, number
+	return false, false
 }
 
 // FieldErrors is every problem with an override, one per field (a 400).

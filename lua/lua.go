@@ -39,12 +39,12 @@ func Source(name string) (string, error) {
 	return string(b), nil
 }
 
-// FunctionLibrary is decide.lua, decide_many.lua and refund.lua as one Redis Functions
-// library (Redis >= 7): load it once per server with FUNCTION LOAD REPLACE,
-// then FCALL Decide (or Refund) with exactly the KEYS and ARGV of the
-// script, for exactly its reply. Unlike EVALSHA, which runs a script's whole
-// top level (every function definition) on each call, FCALL runs only the
-// function.
+// FunctionLibrary is decide.lua, decide_many.lua and refund.lua as one
+// Redis Functions library (Redis >= 7): load it once per server with
+// FUNCTION LOAD REPLACE, then FCALL Decide (or Refund) with exactly the
+// KEYS and ARGV of the script, for exactly its reply. Unlike EVALSHA, which
+// runs a script's whole top level (every function definition) on each
+// call, FCALL runs only the function.
 type FunctionLibrary struct {
 	// Name is "rategate_<version>", the version 12 hex digits of a hash of
 	// the sources (comments included) and the library's code: it changes
@@ -266,8 +266,8 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
-	// decide.lua's functions (rg_one, rg_all) stand above its "@driver" line, its
-	// driver below.
+	// decide.lua's functions (rg_one, rg_all) stand above its "@driver"
+	// line, its driver below.
 	cut := strings.Index(decideSrc, driverMarker)
 	if cut < 0 {
 		return assembly{}, fmt.Errorf("lua: decide.lua has no %q line", driverMarker)
@@ -364,14 +364,12 @@ func build(readFile source) (assembly, error) {
 	l.WriteString(refundDrv)
 	l.WriteString("end\n\n")
 	code := libLocals(l.String())
-	l.Reset()
-	l.WriteString(code)
-	sources.Write([]byte(l.String()))
+	sources.Write([]byte(code))
 	lib := FunctionLibrary{Name: "rategate_" + hex.EncodeToString(sources.Sum(nil)[:6])}
 	lib.Decide, lib.DecideMany, lib.Refund = lib.Name+"_decide", lib.Name+"_decide_many", lib.Name+"_refund"
 	lib.Source = fmt.Sprintf("#!lua name=%s\n-- rategate function library, assembled by lua.go from lua/*.lua (their comments explain it).\n%s"+
 		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_decide_many)\nredis.register_function('%s', rg_refund)\n",
-		lib.Name, l.String(), lib.Decide, lib.DecideMany, lib.Refund)
+		lib.Name, code, lib.Decide, lib.DecideMany, lib.Refund)
 
 	return assembly{decide: d.String(), refund: r.String(), lease: ls.String(), lib: lib}, nil
 }

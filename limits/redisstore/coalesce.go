@@ -503,9 +503,10 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 // whole batch. The same replies come back as from one FCALL each at one
 // instant, and the same error codes: one decision's error reply is that
 // call's alone, and an error of the whole call (a timeout, a lost
-// connection) is every call's, an unknown outcome as for any pipeline. It reports false, having sent
-// nothing that ran, when the server turned out not to run functions: the
-// calls are then sent one by one (as EVALSHA).
+// connection) is every call's, an unknown outcome as for any pipeline. It
+// reports false, having sent nothing that ran, when the server turned out
+// not to run functions (the calls are then sent one by one, as EVALSHA)
+// or to refuse keys of several slots in one call.
 func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall) bool {
 	keys, args, ok := manyArgs(live)
 	if !ok {

@@ -290,10 +290,6 @@ func openSentinel(fo *redis.FailoverOptions, o Options) (*Store, error) {
 // did not run it (NOSCRIPT, MOVED, ASK, TRYAGAIN).
 const noRetries = -1
 
-// poolSize is the connection pool per server: go-redis's default (10 per
-// CPU) or what the URL asked for, but always room for every pipeline plus
-// the other users of the client (peeks, resets, refunds, overrides), so
-// that runners never wait for a connection behind each other.
 // clientFields are the go-redis option fields every topology (Options,
 // ClusterOptions, FailoverOptions) sets the same way.
 type clientFields struct {
@@ -328,6 +324,10 @@ func (o Options) shared(f clientFields) CoalesceOptions {
 	return co
 }
 
+// poolSize is the connection pool per server: go-redis's default (10 per
+// CPU) or what the URL asked for, but always room for every pipeline plus
+// the other users of the client (peeks, resets, refunds, overrides), so
+// that runners never wait for a connection behind each other.
 func poolSize(size int, co CoalesceOptions) int {
 	if size <= 0 {
 		size = 10 * runtime.GOMAXPROCS(0)

@@ -80,16 +80,15 @@ func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs 
 		if !owned {
 			t.Fatal("a call was abandoned")
 		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if err == nil {
+			r := make([]limits.Result, len(call.keys))
+			var ok bool
+			if ok, err = parseDecideReply(reply, r); ok && err == nil {
+				admitted++
+			}
 		}
-		r := make([]limits.Result, len(call.keys))
-		ok, err := parseDecideReply(reply, r)
 		if err != nil {
 			errs = append(errs, err)
-		} else if ok {
-			admitted++
 		}
 		call.release()
 	}

@@ -195,9 +195,9 @@ func waitWindow() int64 {
 
 // TestLeaseThreeInstances: three rategate processes share one leased global
 // limit of 2000 per second; load of at least twice that goes through all
-// three for six windows. Counted from the 204 and 429 answers: no window admits more than
-// the limit, each admits at least 95 % of it, and Redis runs at most one
-// script per 20 decisions (INFO commandstats).
+// three for six windows. Counted from the 204 and 429 answers: no window
+// admits more than the limit, each admits at least 95 % of it, and Redis
+// runs at most one script per 20 decisions (INFO commandstats).
 func TestLeaseThreeInstances(t *testing.T) {
 	t.Parallel()
 	rs, procs := startLeased(t)

@@ -105,7 +105,7 @@ type Coalesce struct {
 	// Enabled is true by default.
 	Enabled bool
 	// Pipelines is how many pipelines may be in flight at once (one
-	// connection each, one per node on a cluster); default 4.
+	// connection each, one per node on a cluster); default 2.
 	Pipelines int
 	// MaxBatch bounds the decisions in one pipeline; default 128.
 	MaxBatch int

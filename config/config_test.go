@@ -463,7 +463,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Source: "empty.yaml",
 		Redis: Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond,
-			Coalesce: Coalesce{Enabled: true, Pipelines: 4, MaxBatch: 128}, Functions: true},
+			Coalesce: Coalesce{Enabled: true, Pipelines: 2, MaxBatch: 128}, Functions: true},
 		DenyCache:         DenyCache{Enabled: true, MaxEntries: 100_000},
 		IdentityOverrides: IdentityOverrides{MaxEntries: 100_000},
 		FailureMode:       limits.FailAllow,

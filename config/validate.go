@@ -50,7 +50,7 @@ const (
 	defaultMethodHeader = "X-Original-Method"
 	defaultHostHeader   = "X-Original-Host"
 	defaultMaxCost      = 100
-	defaultPipelines    = 4
+	defaultPipelines    = 2
 	defaultDenyCache    = 100_000
 	maxDenyCache        = 10_000_000
 	defaultMaxBatch     = 128

@@ -77,7 +77,7 @@ type CoalesceOptions struct {
 
 // Defaults of CoalesceOptions, chosen with make bench (README, Performance).
 const (
-	DefaultPipelines       = 4
+	DefaultPipelines       = 2
 	DefaultMaxBatch        = 128
 	DefaultCoalesceTimeout = 3 * time.Second
 	DefaultLateGrace       = 2 * time.Second

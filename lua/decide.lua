@@ -38,9 +38,9 @@ end
 -- rg_all decides a request of n checks all-or-nothing, for this driver and
 -- decide_many.lua's: its keys are KEYS[k0 .. k0+n-1]; its numbers start at
 -- ARGV[a0], 6 per check as this file's header says, or, when shapes is given
--- (decide_many.lua's layout), 2 per check: the index of its shape in shapes
--- ({code, limit, period, burst, shadow}) and its cost. The numbers are read
--- where they stand, not copied into tables of this file's layout first.
+-- (decide_many.lua's layout), 1 per check: the index of its shape in shapes
+-- ({code, limit, period, burst, shadow, cost}). The numbers are read where
+-- they stand, not copied into tables of this file's layout first.
 local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
   local reply = {1, now}
   -- pending writes, 10 values per allowed check: code, limit, period, burst,
@@ -50,16 +50,15 @@ local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
   local pend = {false, false, false, false, false, false, false, false, false, false,
     false, false, false, false, false, false, false, false, false, false}
   if shapes then
-    -- Each check's shape and cost, read first: a check naming no shape,
-    -- or without a numeric cost, fails the decision before any check ran
-    -- (a check may rewrite a record it reads under a changed rule).
+    -- Each check's shape, read first: a check naming no shape fails the
+    -- decision before any check ran (a check may rewrite a record it reads
+    -- under a changed rule).
     for i = 1, n do
-      local b, q = a0 + 2 * (i - 1), (i - 1) * 10
-      local s, cost = shapes[tonumber(ARGV[b])], tonumber(ARGV[b + 1])
-      if not s or not cost then
-        return redis.error_reply('rategate: decide_many check ' .. i .. ' has no shape or no cost')
+      local s = shapes[tonumber(ARGV[a0 + i - 1])]
+      if not s then
+        return redis.error_reply('rategate: decide_many check ' .. i .. ' has no shape')
       end
-      pend[q + 1], pend[q + 2] = s, cost
+      pend[(i - 1) * 10 + 1] = s
     end
   end
   for i = 1, n do
@@ -67,8 +66,7 @@ local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
     local code, limit, period, burst, cost, shadow, given
     if shapes then
       local s = pend[q + 1]
-      code, limit, period, burst, shadow = s[1], s[2], s[3], s[4], s[5]
-      cost = pend[q + 2]
+      code, limit, period, burst, shadow, cost = s[1], s[2], s[3], s[4], s[5], s[6]
       pend[q + 1] = false
     else
       local b = a0 + 6 * (i - 1)

@@ -11,12 +11,16 @@
 --
 -- KEYS     every decision's keys, one decision after another
 -- ARGV[1]  m, the number of decisions
--- ARGV[2]  r, the number of check shapes: the distinct rule numbers the
---          batch's checks use (a batch's decisions mostly share a few rules)
--- then per shape (5 values): algorithm code, limit, period_us, burst,
---          shadow 0|1
--- then per decision: n, its number of checks, its now (µs, or 0 for Redis
---          TIME), and per check 2 values: its shape (1..r) and its cost
+-- ARGV[2]  r, the number of check shapes: the distinct rule numbers and
+--          costs the batch's checks use (a batch's decisions mostly share a
+--          few rules, and a cost of 1)
+-- then per shape (6 values): algorithm code, limit, period_us, burst,
+--          shadow 0|1, cost
+-- then per decision, by its first value t:
+--          t > 0    one check, of shape t, on the Redis clock (TIME)
+--          t < 0    -t checks on the Redis clock, their -t shapes next
+--          t = 0    the general form: n, its number of checks, its now (µs,
+--                   or 0 for the Redis clock), then its n shapes
 -- Reply    m entries, entry j decide.lua's reply for decision j, or an error
 --          reply when decision j failed (a WRONGTYPE key, say): the others
 --          are decided all the same.
@@ -38,20 +42,36 @@ if not m or not r then
 end
 local shapes = {}
 for i = 1, r do
-  local b = 3 + 5 * (i - 1)
-  shapes[i] = {tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4] == '1'}
+  local b = 3 + 6 * (i - 1)
+  local s = {tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4] == '1',
+    tonumber(ARGV[b + 5])}
+  if not (s[1] and s[2] and s[3] and s[4] and s[6]) then
+    return redis.error_reply('rategate: decide_many shape ' .. i .. ' has a value that is not a number')
+  end
+  shapes[i] = s
 end
 -- where each decision's keys and arguments start, checked against #KEYS
 -- and #ARGV before the first decision runs
 local ks, as = {}, {}
-local k, a = 1, 3 + 5 * r
+local k, a = 1, 3 + 6 * r
 for j = 1, m do
-  local n = tonumber(ARGV[a])
-  if not n or n < 1 then
+  local t, n = tonumber(ARGV[a]), 0
+  ks[j], as[j] = k, a
+  if t and t > 0 then
+    n, a = 1, a + 1
+  elseif t and t < 0 then
+    n = -t
+    a = a + 1 + n
+  elseif t == 0 then
+    n = tonumber(ARGV[a + 1])
+    if not n or n < 1 then
+      return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
+    end
+    a = a + 3 + n
+  else
     return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
   end
-  ks[j], as[j] = k, a
-  k, a = k + n, a + 2 + 2 * n
+  k = k + n
 end
 if k - 1 ~= #KEYS or a - 1 ~= #ARGV then
   return redis.error_reply('rategate: decide_many keys or arguments do not match its decisions')
@@ -59,16 +79,28 @@ end
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- one is a decision of one check, of shape s.
+local function one(k, s, now)
+  if not s then
+    return redis.error_reply('rategate: decide_many check 1 has no shape')
+  end
+  return rg_one(KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5])
+end
+
 -- decide_one is decision j, from its offsets.
 local function decide_one(k, a)
-  local n = tonumber(ARGV[a])
-  local now = tonumber(ARGV[a + 1])
+  local t = tonumber(ARGV[a])
+  if t > 0 then
+    return one(k, shapes[t], clock)
+  elseif t < 0 then
+    return rg_all(KEYS, ARGV, k, a + 1, -t, clock, shapes)
+  end
+  local n, now = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   if now == 0 then now = clock end
   if n == 1 then
-    local s = shapes[tonumber(ARGV[a + 2])]
-    return rg_one(KEYS[k], now, s[1], s[2], s[3], s[4], tonumber(ARGV[a + 3]), s[5])
+    return one(k, shapes[tonumber(ARGV[a + 3])], now)
   end
-  return rg_all(KEYS, ARGV, k, a + 2, n, now, shapes)
+  return rg_all(KEYS, ARGV, k, a + 3, n, now, shapes)
 end
 
 local out = {}

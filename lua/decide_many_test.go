@@ -24,18 +24,26 @@ type manyDecision struct {
 }
 
 // manyArgs is DecideMany's KEYS and ARGV for ds, each key given as
-// keyOf(key): the distinct check shapes once, then per decision its now
-// and per check its shape and cost (the layout of decide_many.lua).
+// keyOf(key): the distinct check shapes (with their costs) once, then each
+// decision as decide_many.lua's header says: its shape alone (one check on
+// the Redis clock), -n and n shapes (n checks on the Redis clock), or 0, n,
+// its now and n shapes.
 func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 	var keys []string
-	var shapes [][5]any
+	var shapes [][6]any
 	var body []any
 	for _, d := range ds {
-		body = append(body, len(d.keys), d.argv[0])
+		switch n := len(d.keys); {
+		case d.argv[0] == int64(0) && n == 1:
+		case d.argv[0] == int64(0):
+			body = append(body, -n)
+		default:
+			body = append(body, 0, n, d.argv[0])
+		}
 		for i, k := range d.keys {
 			keys = append(keys, keyOf(k))
 			c := d.argv[1+6*i:]
-			sh := [5]any{c[0], c[1], c[2], c[3], c[5]}
+			sh := [6]any{c[0], c[1], c[2], c[3], c[5], c[4]}
 			at := len(shapes)
 			for j := range shapes {
 				if shapes[j] == sh {
@@ -45,7 +53,7 @@ func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 			if at == len(shapes) {
 				shapes = append(shapes, sh)
 			}
-			body = append(body, at+1, c[4])
+			body = append(body, at+1)
 		}
 	}
 	args := []any{len(ds), len(shapes)}
@@ -77,7 +85,8 @@ func inSpace(space string) func(string) string {
 // five together, cost-0 looks, shadow checks, two limits per algorithm
 // (so several shapes per call, and rule changes under live keys), several
 // decisions on one key in one call (each sees the ones before it), and
-// decisions at different instants in one call.
+// decisions at different instants in one call, given or the Redis clock's
+// (each of decide_many.lua's three forms of a decision).
 func TestDecideManyMatchesOneByOne(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
@@ -107,7 +116,11 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 	for call := 0; call < 40; call++ {
 		var ds []manyDecision
 		for range 1 + rng.IntN(8) {
-			ds = append(ds, decision(now+int64(call)*400_000+int64(rng.IntN(1000))))
+			at := now + int64(call)*400_000 + int64(rng.IntN(1000))
+			if rng.IntN(3) == 0 {
+				at = 0 // the Redis clock: a shorter form in the call
+			}
+			ds = append(ds, decision(at))
 		}
 		keys, args := manyArgs(inSpace("m"), ds)
 		got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
@@ -116,7 +129,17 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 		}
 		for i, d := range ds {
 			k, _ := manyArgs(inSpace("o"), []manyDecision{d})
-			want, err := client.FCall(ctx, lib.Decide, k, d.argv...).Result()
+			argv := d.argv
+			if argv[0] == int64(0) {
+				// decided on the Redis clock: replayed at the instant it
+				// reports
+				r, ok := got[i].([]any)
+				if !ok {
+					t.Fatalf("call %d, decision %d: DecideMany answered %v", call, i, got[i])
+				}
+				argv = append([]any{r[1]}, argv[1:]...)
+			}
+			want, err := client.FCall(ctx, lib.Decide, k, argv...).Result()
 			if err != nil || !reflect.DeepEqual(got[i], want) {
 				t.Fatalf("call %d, decision %d (%v %v): DecideMany %v, Decide %v (%v)", call, i, d.keys, d.argv, got[i], want, err)
 			}
@@ -206,10 +229,11 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 }
 
 // TestDecideManyBadCheckWritesNothing: a multi-rule decision whose later
-// check names no shape, or has no numeric cost, fails alone, before its
-// earlier checks ran: a live sliding_window record its first check would
-// rewrite under a changed period is left as it was, and the decision after
-// it is decided as usual.
+// check names no shape fails alone, before its earlier checks ran: a live
+// sliding_window record its first check would rewrite under a changed
+// period is left as it was, and the decision after it is decided as usual.
+// A shape that is not all numbers (a cost "x") fails the whole call before
+// any decision ran.
 func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
@@ -219,19 +243,14 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := client.HGetAll(ctx, key).Val()
-	for what, bad := range map[string][2]any{
-		"shape 7":      {7, 1},
-		"shape 0":      {0, 1},
-		"shape x":      {"x", 1},
-		"cost x":       {1, "x"},
-		"cost missing": {1, ""},
-	} {
-		// m=2, r=1 shape {sliding_window, 5, 90 s, 5, not shadow}; decision 1:
-		// two checks, the second bad; decision 2: one good check.
-		got, err := client.FCall(ctx, lib.DecideMany, []string{key, "rg:{b}:o", "rg:{b}:next"},
-			2, 1, 3, 5, 90_000_000, 5, 0,
-			2, now+1000, 1, 1, bad[0], bad[1],
-			1, now+1000, 1, 1).Slice()
+	keys := []string{key, "rg:{b}:o", "rg:{b}:next"}
+	for what, bad := range map[string]any{"shape 7": 7, "shape 0": 0, "shape x": "x", "shape missing": ""} {
+		// m=2, r=1 shape {sliding_window, 5, 90 s, 5, not shadow, cost 1};
+		// decision 1: two checks, the second bad; decision 2: one good check.
+		got, err := client.FCall(ctx, lib.DecideMany, keys,
+			2, 1, 3, 5, 90_000_000, 5, 0, 1,
+			0, 2, now+1000, 1, bad,
+			0, 1, now+1000, 1).Slice()
 		if err != nil || len(got) != 2 {
 			t.Fatalf("%s: %v, %v", what, got, err)
 		}
@@ -243,6 +262,22 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 		}
 		if after := client.HGetAll(ctx, key).Val(); !reflect.DeepEqual(before, after) {
 			t.Errorf("%s: the failed decision rewrote %v to %v", what, before, after)
+		}
+	}
+	next := client.HGetAll(ctx, "rg:{b}:next").Val()
+	for what, cost := range map[string]any{"cost x": "x", "cost missing": ""} {
+		err := client.FCall(ctx, lib.DecideMany, keys,
+			2, 1, 3, 5, 90_000_000, 5, 0, cost,
+			0, 2, now+1000, 1, 1,
+			0, 1, now+1000, 1).Err()
+		if err == nil || !strings.Contains(err.Error(), "rategate: decide_many shape 1") {
+			t.Errorf("%s: %v, want decide_many's error for the whole call", what, err)
+		}
+		if after := client.HGetAll(ctx, key).Val(); !reflect.DeepEqual(before, after) {
+			t.Errorf("%s: the failed call rewrote %v to %v", what, before, after)
+		}
+		if after := client.HGetAll(ctx, "rg:{b}:next").Val(); !reflect.DeepEqual(next, after) {
+			t.Errorf("%s: the failed call decided its second decision (%v to %v)", what, next, after)
 		}
 	}
 }

@@ -81,7 +81,7 @@ func BenchmarkShipping(b *testing.B) {
 		{3, 1000, 60_000_000, 1000, 1}, {3, 100_000_000, 60_000_000, 100_000_000, 1}, {3, 1_000_000_000, 60_000_000, 1_000_000_000, 1}}})
 	lib := Library()
 	for _, sh := range shapes {
-		args := []any{0}
+		args := []any{int64(0)} // the Redis clock
 		for _, c := range sh.checks {
 			args = append(args, c[0], c[1], c[2], c[3], c[4], 0)
 		}

@@ -574,19 +574,25 @@ const manyScanShapes = 8
 
 // manyArgs is DecideMany's KEYS and ARGV for the decide calls live (see
 // lua/decide_many.lua): the distinct check shapes (code, limit, period,
-// burst, shadow) once, then per decision its now and, per check, its shape
-// and cost. ok is false when a call is not shaped as a decide call.
+// burst, shadow, cost) once, then each decision as the shapes of its checks:
+// one value for a decision of one check on the Redis clock, 1+n for one of
+// n checks, 3+n for one at its own instant (a test clock). ok is false when
+// a call is not shaped as a decide call.
 func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
-	// A check's five shape values in a call's decide ARGV (after now):
-	// code, limit, period, burst at 0..3, cost at 4, shadow at 5.
-	type shape [5]any
+	// A check's values in a call's decide ARGV (after now): code, limit,
+	// period, burst at 0..3, cost at 4, shadow at 5; a shape keeps them in
+	// DecideMany's order.
+	type shape [6]any
 	var shapes []shape
-	nk := 0
+	nk, clock := 0, 0
 	for _, call := range live {
-		if len(call.args) != 1+6*len(call.keys) {
+		if len(call.args) != 1+6*len(call.keys) || len(call.keys) == 0 {
 			return nil, nil, false
 		}
 		nk += len(call.keys)
+		if onClock(call) {
+			clock++
+		}
 	}
 	// A batch's checks mostly share a few shapes, found by a scan; past
 	// manyScanShapes (identity overrides can give every caller its own
@@ -596,7 +602,7 @@ func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
 	for _, call := range live {
 		for i := range call.keys {
 			a := call.args[1+6*i:]
-			sh := shape{a[0], a[1], a[2], a[3], a[5]}
+			sh := shape{a[0], a[1], a[2], a[3], a[5], a[4]}
 			at, found := -1, false
 			if byShape != nil {
 				at, found = byShape[sh]
@@ -625,7 +631,7 @@ func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
 		}
 	}
 	keys = make([]string, 0, nk)
-	args = make([]any, 0, 2+5*len(shapes)+2*len(live)+2*nk)
+	args = make([]any, 0, 2+6*len(shapes)+len(live)+nk+2*(len(live)-clock))
 	args = append(args, len(live), len(shapes))
 	for _, sh := range shapes {
 		args = append(args, sh[:]...)
@@ -633,13 +639,27 @@ func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
 	x := 0
 	for _, call := range live {
 		keys = append(keys, call.keys...)
-		args = append(args, len(call.keys), call.args[0])
-		for i := range call.keys {
-			args = append(args, index[x], call.args[1+6*i+4])
+		n := len(call.keys)
+		switch {
+		case onClock(call) && n == 1:
+			// one check on the Redis clock: its shape alone
+		case onClock(call):
+			args = append(args, -n)
+		default:
+			args = append(args, 0, n, call.args[0])
+		}
+		for range n {
+			args = append(args, index[x])
 			x++
 		}
 	}
 	return keys, args, true
+}
+
+// onClock reports a decide call on the Redis clock (now 0).
+func onClock(call *scriptCall) bool {
+	now, ok := call.args[0].(int64)
+	return ok && now == 0
 }
 
 // notSent reports an error that proves the command never left rategate:

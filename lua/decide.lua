@@ -19,9 +19,13 @@
 -- decides; that changes no count. See each lua/<algo>.lua.)
 
 -- rg_one decides a request of one check (shadow: the check only reports),
--- for this driver and decide_many.lua's: {admitted, now, allowed,
--- remaining, reset_us, retry_us}.
-local function rg_one(key, now, code, limit, period, burst, cost, shadow)
+-- for this driver and decide_many.lua's: it writes the reply's six values
+-- (admitted, now, allowed, remaining, reset_us, retry_us) into out from
+-- index p on, once decided, and returns out, or an error reply having
+-- written nothing. (decide_many.lua answers a whole batch as one flat
+-- array: a table per decision costs Redis more to turn into its reply
+-- than the six numbers in it.)
+local function rg_one(out, p, key, now, code, limit, period, burst, cost, shadow)
   local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, key, now, limit, period, burst, cost, true)
   if not a then
     return redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
@@ -32,7 +36,8 @@ local function rg_one(key, now, code, limit, period, burst, cost, shadow)
   elseif shadow then
     admitted = 1
   end
-  return {admitted, now, a, rem, reset, retry}
+  out[p], out[p + 1], out[p + 2], out[p + 3], out[p + 4], out[p + 5] = admitted, now, a, rem, reset, retry
+  return out
 end
 
 -- rg_all decides a request of n checks all-or-nothing, for this driver and
@@ -40,9 +45,13 @@ end
 -- ARGV[a0], 6 per check as this file's header says, or, when shapes is given
 -- (decide_many.lua's layout), 1 per check: the index of its shape in shapes
 -- ({code, limit, period, burst, shadow, cost}). The numbers are read where
--- they stand, not copied into tables of this file's layout first.
-local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
-  local reply = {1, now}
+-- they stand, not copied into tables of this file's layout first. The
+-- reply (2 + 4n values) goes into reply from index b + 1 on, a new table
+-- when reply is nil; rg_all returns that table, or an error reply, having
+-- perhaps written some values already (decide_many.lua clears them).
+local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes, reply, b)
+  if not reply then reply, b = {}, 0 end
+  reply[b + 1], reply[b + 2] = 1, now
   -- pending writes, 10 values per allowed check: code, limit, period, burst,
   -- the four the algorithm hands back for its put, and the remaining and
   -- reset a zero-cost look would report, when it hands them back (sized for
@@ -79,8 +88,8 @@ local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
     if not a then
       return redis.error_reply('rategate: unknown algorithm code ' .. tostring(given or code))
     end
-    if a == 0 and not shadow then reply[1] = 0 end
-    local o = 3 + (i - 1) * 4
+    if a == 0 and not shadow then reply[b + 1] = 0 end
+    local o = b + 3 + (i - 1) * 4
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
     if a == 1 and w1 then
       pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
@@ -88,7 +97,7 @@ local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
     end
   end
 
-  if reply[1] == 1 then
+  if reply[b + 1] == 1 then
     for i = 1, n do
       local q = (i - 1) * 10
       if pend[q + 1] then
@@ -106,7 +115,7 @@ local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes)
   for i = 1, n do
     local q = (i - 1) * 10
     if pend[q + 1] then
-      local o = 3 + (i - 1) * 4
+      local o = b + 3 + (i - 1) * 4
       if pend[q + 9] then
         reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
       else
@@ -129,7 +138,7 @@ end
 
 local n = #KEYS
 if n == 1 then
-  return rg_one(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
+  return rg_one({}, 1, KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
     tonumber(ARGV[6]), ARGV[7] == '1')
 end
 

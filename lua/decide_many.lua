@@ -21,9 +21,11 @@
 --          t < 0    -t checks on the Redis clock, their -t shapes next
 --          t = 0    the general form: n, its number of checks, its now (µs,
 --                   or 0 for the Redis clock), then its n shapes
--- Reply    m entries, entry j decide.lua's reply for decision j, or an error
---          reply when decision j failed (a WRONGTYPE key, say): the others
---          are decided all the same.
+-- Reply    one flat array: decision after decision, decide.lua's reply for
+--          it (2 + 4n values for n checks), or a single error reply when
+--          it failed (a WRONGTYPE key, say): the others are decided all
+--          the same. (Flat because Redis turns a table per decision into
+--          its reply at a cost of its own, more than its numbers.)
 --
 -- Each decision is decide.lua run on its own keys, in order, all inside one
 -- atomic call: the same answers as m calls sent back to back at one
@@ -73,46 +75,59 @@ for j = 1, m do
   end
   k = k + n
 end
+ks[m + 1] = k
 if k - 1 ~= #KEYS or a - 1 ~= #ARGV then
   return redis.error_reply('rategate: decide_many keys or arguments do not match its decisions')
 end
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- out is the reply; p is where the next decision's values go, hi the
+-- highest index a decision may have written (a failing one may leave
+-- values behind)
+local out, p, hi = {}, 1, 0
+
 -- one is a decision of one check, of shape s.
 local function one(k, s, now)
   if not s then
     return redis.error_reply('rategate: decide_many check 1 has no shape')
   end
-  return rg_one(KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5])
+  return rg_one(out, p, KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5])
 end
 
--- decide_one is decision j, from its offsets.
+-- decide_one is decision j, from its offsets, written into out at p: it
+-- returns out, or an error reply.
 local function decide_one(k, a)
   local t = tonumber(ARGV[a])
   if t > 0 then
     return one(k, shapes[t], clock)
   elseif t < 0 then
-    return rg_all(KEYS, ARGV, k, a + 1, -t, clock, shapes)
+    return rg_all(KEYS, ARGV, k, a + 1, -t, clock, shapes, out, p - 1)
   end
   local n, now = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   if now == 0 then now = clock end
   if n == 1 then
     return one(k, shapes[tonumber(ARGV[a + 3])], now)
   end
-  return rg_all(KEYS, ARGV, k, a + 3, n, now, shapes)
+  return rg_all(KEYS, ARGV, k, a + 3, n, now, shapes, out, p - 1)
 end
 
-local out = {}
 for j = 1, m do
+  local size = 2 + 4 * (ks[j + 1] - ks[j])
   local ok, res = pcall(decide_one, ks[j], as[j])
-  if not ok then
+  if ok and res == out then
+    p = p + size
+  else
     if type(res) == 'table' and res.err then
-      res = redis.error_reply(res.err)
+      out[p] = redis.error_reply(res.err)
     else
-      res = redis.error_reply(tostring(res))
+      out[p] = redis.error_reply(tostring(res))
     end
+    if p + size - 1 > hi then hi = p + size - 1 end
+    p = p + 1
   end
-  out[j] = res
+end
+for i = p, hi do
+  out[i] = nil
 end
 return out

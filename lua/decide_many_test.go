@@ -63,6 +63,44 @@ func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 	return keys, append(args, body...)
 }
 
+// decideMany sends ds as one FCALL of DecideMany and splits its flat reply
+// into one entry per decision: decide.lua's reply for it, or its error
+// (redis.Error). A reply that does not split into len(ds) entries fails t.
+func decideMany(t *testing.T, client *redis.Client, lib FunctionLibrary, keys []string, args []any, checks []int) []any {
+	t.Helper()
+	flat, err := client.FCall(context.Background(), lib.DecideMany, keys, args...).Slice()
+	if err != nil {
+		t.Fatalf("DecideMany: %v", err)
+	}
+	var entries []any
+	p := 0
+	for _, n := range checks {
+		if p < len(flat) {
+			if e, ok := flat[p].(redis.Error); ok {
+				entries, p = append(entries, e), p+1
+				continue
+			}
+		}
+		if p+2+4*n > len(flat) {
+			t.Fatalf("DecideMany answered %v: short of %d decisions of %v checks", flat, len(checks), checks)
+		}
+		entries, p = append(entries, flat[p:p+2+4*n]), p+2+4*n
+	}
+	if p != len(flat) {
+		t.Fatalf("DecideMany answered %v: more than %d decisions of %v checks", flat, len(checks), checks)
+	}
+	return entries
+}
+
+// checksOf is each decision's number of checks.
+func checksOf(ds []manyDecision) []int {
+	n := make([]int, len(ds))
+	for i, d := range ds {
+		n[i] = len(d.keys)
+	}
+	return n
+}
+
 // withLibrary starts a redis-server with the function library loaded.
 func withLibrary(t *testing.T) (*redis.Client, FunctionLibrary) {
 	t.Helper()
@@ -123,10 +161,7 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 			ds = append(ds, decision(at))
 		}
 		keys, args := manyArgs(inSpace("m"), ds)
-		got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
-		if err != nil || len(got) != len(ds) {
-			t.Fatalf("call %d: DecideMany answered %v, %v for %d decisions", call, got, err, len(ds))
-		}
+		got := decideMany(t, client, lib, keys, args, checksOf(ds))
 		for i, d := range ds {
 			k, _ := manyArgs(inSpace("o"), []manyDecision{d})
 			argv := d.argv
@@ -184,10 +219,7 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 		{[]string{"a"}, decideArgv(now, fw)},
 	}
 	keys, args := manyArgs(inSpace("e"), ds)
-	got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
-	if err != nil || len(got) != len(ds) {
-		t.Fatalf("DecideMany answered %v, %v", got, err)
-	}
+	got := decideMany(t, client, lib, keys, args, checksOf(ds))
 	for i, want := range []string{"", "WRONGTYPE", "WRONGTYPE", "unknown algorithm code 9", "", ""} {
 		e, isErr := got[i].(redis.Error)
 		switch {
@@ -205,6 +237,15 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 	}
 	if n := client.HGet(ctx, "rg:{e}:a", "n").Val(); n != "2" {
 		t.Errorf("a counts %q, want 2", n)
+	}
+	// A decision of several checks that fails last in its call, after its
+	// first check ran: the reply ends with its error (decideMany fails on
+	// anything after it).
+	last := []manyDecision{{[]string{"d"}, decideArgv(now, fw)}, {[]string{"d", "list"}, decideArgv(now, fw, fw)}}
+	keys, args = manyArgs(inSpace("e"), last)
+	got = decideMany(t, client, lib, keys, args, checksOf(last))
+	if e, ok := got[1].(redis.Error); !ok || !strings.Contains(e.Error(), "WRONGTYPE") {
+		t.Errorf("the last decision answered %v, want WRONGTYPE", got[1])
 	}
 	// A call whose layout does not add up (an argument short, a key too
 	// many) fails whole before it decides anything.
@@ -247,13 +288,9 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 	for what, bad := range map[string]any{"shape 7": 7, "shape 0": 0, "shape x": "x", "shape missing": ""} {
 		// m=2, r=1 shape {sliding_window, 5, 90 s, 5, not shadow, cost 1};
 		// decision 1: two checks, the second bad; decision 2: one good check.
-		got, err := client.FCall(ctx, lib.DecideMany, keys,
-			2, 1, 3, 5, 90_000_000, 5, 0, 1,
-			0, 2, now+1000, 1, bad,
-			0, 1, now+1000, 1).Slice()
-		if err != nil || len(got) != 2 {
-			t.Fatalf("%s: %v, %v", what, got, err)
-		}
+		got := decideMany(t, client, lib, keys, []any{2, 1, 3, 5, 90_000_000, 5, 0, 1,
+			0, 2, now + 1000, 1, bad,
+			0, 1, now + 1000, 1}, []int{2, 1})
 		if e, ok := got[0].(redis.Error); !ok || !strings.Contains(e.Error(), "rategate: decide_many check 2") {
 			t.Errorf("%s: decision 1 answered %v, want decide_many's error for its check 2", what, got[0])
 		}
@@ -298,10 +335,7 @@ func TestDecideManyOneTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, args := manyArgs(inSpace("t"), ds)
-	got, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
-	if err != nil || len(got) != len(ds) {
-		t.Fatalf("DecideMany answered %v, %v", got, err)
-	}
+	got := decideMany(t, client, lib, keys, args, checksOf(ds))
 	m := regexp.MustCompile(`cmdstat_time:calls=(\d+)`).FindStringSubmatch(client.Info(ctx, "commandstats").Val())
 	if m == nil || m[1] != "1" {
 		t.Fatalf("TIME calls %v for one DecideMany, want 1", m)

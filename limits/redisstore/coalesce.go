@@ -497,8 +497,8 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 }
 
 // sendMany sends live as one FCALL of the library's DecideMany
-// (lua/decide_many.lua) and delivers to every call its entry of the reply:
-// Redis runs the calls' decisions one after another inside one call, so
+// (lua/decide_many.lua) and delivers to every call its part of the flat
+// reply (a decide reply, or an error, per call in order): Redis runs the calls' decisions one after another inside one call, so
 // it reads one command, looks up one function and reads TIME once for the
 // whole batch. The same replies come back as from one FCALL each at one
 // instant, and the same error codes: one decision's error reply is that
@@ -550,22 +550,44 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 			break
 		}
 	}
-	entries, err := cmd.Slice()
-	if err == nil && len(entries) != len(live) {
-		err = fmt.Errorf("redis store: %s answered %d decisions for %d", c.fn.lib.DecideMany, len(entries), len(live))
+	flat, err := cmd.Slice()
+	if err == nil && !manyReplyFits(flat, live) {
+		err = fmt.Errorf("redis store: %s answered %d values, not the replies of %d decisions", c.fn.lib.DecideMany, len(flat), len(live))
 	}
-	for i, call := range live {
+	p := 0
+	for _, call := range live {
 		if err != nil {
 			c.deliver(call, nil, err)
 			continue
 		}
-		if e, ok := entries[i].(error); ok {
+		if e, ok := flat[p].(error); ok {
 			c.deliver(call, nil, e)
+			p++
 			continue
 		}
-		c.deliver(call, entries[i], nil)
+		end := p + 2 + 4*len(call.keys)
+		c.deliver(call, flat[p:end:end], nil)
+		p = end
 	}
 	return true
+}
+
+// manyReplyFits reports whether DecideMany's flat reply holds, decision
+// after decision, either one error or a decide reply of 2 values and 4 per
+// check, and nothing more.
+func manyReplyFits(flat []any, live []*scriptCall) bool {
+	p := 0
+	for _, call := range live {
+		if p >= len(flat) {
+			return false
+		}
+		if _, ok := flat[p].(error); ok {
+			p++
+			continue
+		}
+		p += 2 + 4*len(call.keys)
+	}
+	return p == len(flat)
 }
 
 // manyScanShapes is how many distinct shapes manyArgs looks through one

@@ -245,3 +245,39 @@ func TestBatchOnClusterModeServer(t *testing.T) {
 		}
 	}
 }
+
+// TestManyReplyFits: sendMany takes DecideMany's flat reply as decision
+// after decision, one error or 2 values and 4 per check, and refuses a
+// reply with a value too many or too few for its calls.
+func TestManyReplyFits(t *testing.T) {
+	ctx := context.Background()
+	one, two := fwCall(t, ctx, "a", 5), fwCall(t, ctx, "b", 5, "c", 5)
+	live := []*scriptCall{one, two, one}
+	ok6 := []any{int64(1), int64(7), int64(1), int64(4), int64(9), int64(0)}
+	ok10 := append(append([]any{}, ok6...), int64(1), int64(3), int64(9), int64(0))
+	var fail error = fmt.Errorf("WRONGTYPE x") // go-redis gives an error value (a redis.Error)
+	cat := func(parts ...[]any) []any {
+		var out []any
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	for what, c := range map[string]struct {
+		flat []any
+		want bool
+	}{
+		"all decided":        {cat(ok6, ok10, ok6), true},
+		"an error each":      {[]any{fail, fail, fail}, true},
+		"the middle failed":  {cat(ok6, []any{fail}, ok6), true},
+		"the last failed":    {cat(ok6, ok10, []any{fail}), true},
+		"a value short":      {cat(ok6, ok10, ok6[:5]), false},
+		"a value too many":   {cat(ok6, ok10, ok6, []any{int64(0)}), false},
+		"a decision missing": {cat(ok6, ok10), false},
+		"nothing":            {nil, false},
+	} {
+		if got := manyReplyFits(c.flat, live); got != c.want {
+			t.Errorf("%s: manyReplyFits %v, want %v", what, got, c.want)
+		}
+	}
+}

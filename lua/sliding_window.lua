@@ -85,9 +85,10 @@ end
 -- sliding_window returns allowed, remaining, reset, retry and, when an
 -- admission has something to write, what sliding_window_put needs: the
 -- current count's window end, the new current and previous counts, and
--- whether the whole record is new (false: only c changes); then the
--- remaining and reset a zero-cost look would report instead.
-local function sliding_window(key, now, limit, period, burst, cost)
+-- whether the whole record is new (false: only c changes); then, unless
+-- solo (the admission is written right away, on its own), the remaining
+-- and reset a zero-cost look would report instead.
+local function sliding_window(key, now, limit, period, burst, cost, solo)
   local ws = math.floor(now / period) * period
   local we = ws + period
   local elapsed = now - ws
@@ -99,8 +100,8 @@ local function sliding_window(key, now, limit, period, burst, cost)
   if e then
     -- the record's own end of life, as its TTL was set (Redis may keep it a
     -- little longer, a fake test clock much longer)
-    local gone = sw_gone(e - d, d)
-    if sc > 0 then gone = sw_gone(e, d) end
+    local gone
+    if sc > 0 then gone = sw_gone(e, d) else gone = sw_gone(e - d, d) end
     if now >= gone then e = nil end
   end
   if e then
@@ -162,18 +163,22 @@ local function sliding_window(key, now, limit, period, burst, cost)
     return 0, remaining, reset, retry
   end
 
-  local lrem, lreset = math.floor(limit - est), 0
-  if lrem < 0 then lrem = 0 end
-  if curr > 0 then
-    lreset = sw_gone(cend, period) - now
-  elseif prev > 0 then
-    lreset = we - now
+  local reset = sw_gone(cend, period) - now
+  local lrem, lreset
+  if cost == 0 or not solo then
+    lrem, lreset = math.floor(limit - est), 0
+    if lrem < 0 then lrem = 0 end
+    if curr > 0 then
+      lreset = reset
+    elseif prev > 0 then
+      lreset = we - now
+    end
+    if cost == 0 then return 1, lrem, lreset, 0 end
   end
-  if cost == 0 then return 1, lrem, lreset, 0 end
   curr = curr + cost
   local remaining = math.floor(limit - sw_estimate(prev, curr, elapsed, period))
   if remaining < 0 then remaining = 0 end
-  return 1, remaining, sw_gone(cend, period) - now, 0, cend, curr, prev, not same, lrem, lreset
+  return 1, remaining, reset, 0, cend, curr, prev, not same, lrem, lreset
 end
 
 local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)

@@ -196,6 +196,13 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 		if !reflect.DeepEqual(m, o) || !reflect.DeepEqual(zm.Val(), zo.Val()) {
 			t.Fatalf("key %s: DecideMany left %v %v, Decide %v %v", n, m, zm.Val(), o, zo.Val())
 		}
+		// The same expiry, up to the few milliseconds between the calls
+		// (-1: none, -2: no key).
+		tm := client.PTTL(ctx, "rg:{m}:"+n).Val()
+		to := client.PTTL(ctx, "rg:{o}:"+n).Val()
+		if (tm < 0 || to < 0) && tm != to || (tm-to).Abs() > 200*time.Millisecond {
+			t.Fatalf("key %s: DecideMany left a TTL of %v, Decide %v", n, tm, to)
+		}
 	}
 }
 

@@ -96,9 +96,21 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, opt st
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		return nil, err
 	}
+	// Each port was free a moment ago; the kernel may hand the same one
+	// out again once its probe closed, so a port already given to another
+	// server is picked again.
+	given := map[int]bool{}
 	addr := func() (string, error) {
-		p, err := freePort()
-		return "127.0.0.1:" + strconv.Itoa(p), err
+		for {
+			p, err := freePort()
+			if err != nil {
+				return "", err
+			}
+			if !given[p] {
+				given[p] = true
+				return "127.0.0.1:" + strconv.Itoa(p), nil
+			}
+		}
 	}
 	for _, a := range []*string{&st.redisAddr, &st.rgAddr, &st.floorAddr, &st.appAddr, &st.ngRGAddr, &st.ngFloorAddr,
 		&st.adminAddr, &st.rgQuietAddr, &st.adminQuietAddr, &st.ngRGQuietAddr, &st.ngFloorQuietAddr,

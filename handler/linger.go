@@ -45,6 +45,20 @@ type lingerConn struct {
 	// ran the write timeout out): such a connection closes at once,
 	// reading for it would only help it along.
 	writeFailed atomic.Bool
+	// peerDone is set when a read found the client's end of the stream
+	// (NGINX closing an idle upstream connection): nothing more will come
+	// to drain, so the connection closes at once, without the half-close
+	// and the read.
+	peerDone atomic.Bool
+}
+
+// Read records the client's end of the stream.
+func (c *lingerConn) Read(b []byte) (int, error) {
+	n, err := c.TCPConn.Read(b)
+	if err == io.EOF {
+		c.peerDone.Store(true)
+	}
+	return n, err
 }
 
 // Write records a failed write.
@@ -56,9 +70,16 @@ func (c *lingerConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// Close half-closes, drains what the client still sends, then closes.
+// lingers reports whether Close half-closes and drains first: not once
+// the client has ended the stream or stopped reading.
+func (c *lingerConn) lingers() bool {
+	return !c.writeFailed.Load() && !c.peerDone.Load()
+}
+
+// Close half-closes, drains what the client still sends, then closes (see
+// lingers).
 func (c *lingerConn) Close() error {
-	if c.writeFailed.Load() {
+	if !c.lingers() {
 		return c.TCPConn.Close()
 	}
 	if err := c.CloseWrite(); err != nil {

@@ -498,9 +498,10 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 
 // sendMany sends live as one FCALL of the library's DecideMany
 // (lua/decide_many.lua) and delivers to every call its part of the flat
-// reply (a decide reply, or an error, per call in order): Redis runs the calls' decisions one after another inside one call, so
-// it reads one command, looks up one function and reads TIME once for the
-// whole batch. The same replies come back as from one FCALL each at one
+// reply (a decide reply, or an error, per call in order): Redis runs the
+// calls' decisions one after another inside one call, so it reads one
+// command, looks up one function and reads TIME once for the whole
+// batch. The same replies come back as from one FCALL each at one
 // instant, and the same error codes: one decision's error reply is that
 // call's alone, and an error of the whole call (a timeout, a lost
 // connection) is every call's, an unknown outcome as for any pipeline. It

@@ -38,8 +38,14 @@
 -- same decision alone would have. An error entry carries the error's text
 -- without the "script: ..." suffix Redis adds to a whole call's error.
 
+-- whole reports a count: a whole number, at least lo (a fraction would
+-- make the loops below and the layout check disagree).
+local function whole(x, lo)
+  return x and x >= lo and x == math.floor(x)
+end
+
 local m, r = tonumber(ARGV[1]), tonumber(ARGV[2])
-if not m or not r then
+if not whole(m, 0) or not whole(r, 0) then
   return redis.error_reply('rategate: decide_many wants m and r first')
 end
 local shapes = {}
@@ -63,10 +69,13 @@ for j = 1, m do
     n, a = 1, a + 1
   elseif t and t < 0 then
     n = -t
+    if not whole(n, 1) then
+      return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
+    end
     a = a + 1 + n
   elseif t == 0 then
     n = tonumber(ARGV[a + 1])
-    if not n or n < 1 then
+    if not whole(n, 1) then
       return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
     end
     a = a + 3 + n

@@ -265,6 +265,10 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 		"an argument short": {keys, args[:len(args)-1]},
 		"a key too many":    {append(keys[:len(keys):len(keys)], "rg:{e}:extra"), args},
 		"no check count":    {keys, append(args[:len(args)-4:len(args)-4], 0, 0, 1, 1)},
+		// fractional counts: the loops and the layout check would
+		// disagree (m = 2.5 used to fail only after deciding the first)
+		"m = 2.5": {keys, append([]any{"2.5"}, args[1:]...)},
+		"r = 1.5": {keys, append([]any{args[0], "1.5"}, args[2:]...)},
 	} {
 		err := client.FCall(ctx, lib.DecideMany, call.keys, call.args...).Err()
 		if err == nil || !strings.Contains(err.Error(), "rategate: decide_many") {

@@ -63,23 +63,18 @@ end
 local ks, as = {}, {}
 local k, a = 1, 3 + 6 * r
 for j = 1, m do
-  local t, n = tonumber(ARGV[a]), 0
+  local t, n = tonumber(ARGV[a]), nil
   ks[j], as[j] = k, a
   if t and t > 0 then
     n, a = 1, a + 1
   elseif t and t < 0 then
     n = -t
-    if not whole(n, 1) then
-      return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
-    end
     a = a + 1 + n
   elseif t == 0 then
     n = tonumber(ARGV[a + 1])
-    if not whole(n, 1) then
-      return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
-    end
-    a = a + 3 + n
-  else
+    if n then a = a + 3 + n end
+  end
+  if not whole(n, 1) then
     return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
   end
   k = k + n

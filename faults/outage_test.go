@@ -195,7 +195,7 @@ func runOutage(t *testing.T, f fault, mode string) (p problems) {
 	}
 	tOpen := l.now()
 	histOpen := g.durationsAfterOpen(t)
-	time.Sleep(outageLength - (tOpen - tFault))
+	time.Sleep(outageLength - (l.now() - tFault))
 	histRepair := g.durations(t)
 	tRepair := l.now()
 	if f.repair != nil {
@@ -303,7 +303,7 @@ func runBusyScript(t *testing.T) (p problems) {
 	}
 	tOpen := l.now()
 	histOpen := g.durationsAfterOpen(t)
-	time.Sleep(outageLength - (tOpen - tFault))
+	time.Sleep(outageLength - (l.now() - tFault))
 	histRepair := g.durations(t)
 	tRepair := l.now()
 	admin := redis.NewClient(&redis.Options{Addr: rs.Addr, MaxRetries: -1})

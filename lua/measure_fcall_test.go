@@ -10,11 +10,13 @@ package lua
 //	go test -run '^$' -bench 'BenchmarkShipping' -benchtime 20000x -count 3 ./lua/
 //
 // Same workload as BenchmarkDecide: 1000 keys round robin, limit 100 per
-// minute, cost 1, on the Redis clock, 16 calls per pipeline.
+// minute, cost 1, on the Redis clock, 16 calls per pipeline
+// (SHIPPING_KEYS and SHIPPING_BATCH change the keys and the calls).
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -61,6 +63,20 @@ func usecPerCall(tb testing.TB, client *redis.Client, cmd string) float64 {
 	return v
 }
 
+// BenchmarkShipping's users (distinct keys of a per-user rule) and its
+// decisions per pipeline, and per DecideMany call: 1000 and 16 unless the
+// environment's SHIPPING_KEYS and SHIPPING_BATCH say otherwise (make bench
+// runs 10,000 users, in batches of about 10 direct and 4 behind NGINX).
+var benchKeys, benchBatch = envInt("SHIPPING_KEYS", 1000), envInt("SHIPPING_BATCH", 16)
+
+// envInt is the environment's k as an integer, d when unset or not one.
+func envInt(k string, d int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return v
+	}
+	return d
+}
+
 func BenchmarkShipping(b *testing.B) {
 	type shape struct {
 		name   string
@@ -91,7 +107,7 @@ func BenchmarkShipping(b *testing.B) {
 				if s == "route" || s == "global" {
 					out[j] = "rg:{bench}:" + s
 				} else {
-					out[j] = fmt.Sprintf("rg:{bench:%d}:%s", i%1000, s)
+					out[j] = fmt.Sprintf("rg:{bench:%d}:%s", i%benchKeys, s)
 				}
 			}
 			return out
@@ -117,12 +133,12 @@ func BenchmarkShipping(b *testing.B) {
 				client.ConfigResetStat(ctx)
 				b.ResetTimer()
 				decisions, calls := 0, 0
-				for lo := 0; lo < b.N; lo += 16 {
+				for lo := 0; lo < b.N; lo += benchBatch {
 					p := client.Pipeline()
 					var cmds []*redis.Cmd
 					if v.name == "fcall_many" {
-						// the 16 decisions as one call of DecideMany
-						hi := min(lo+16, b.N)
+						// the batch's decisions as one call of DecideMany
+						hi := min(lo+benchBatch, b.N)
 						decisions, calls = decisions+hi-lo, calls+1
 						var ds []manyDecision
 						for i := lo; i < hi; i++ {
@@ -131,7 +147,7 @@ func BenchmarkShipping(b *testing.B) {
 						keys, many := manyArgs(func(k string) string { return k }, ds)
 						cmds = append(cmds, p.FCall(ctx, lib.DecideMany, keys, many...))
 					}
-					for i := lo; i < min(lo+16, b.N) && v.name != "fcall_many"; i++ {
+					for i := lo; i < min(lo+benchBatch, b.N) && v.name != "fcall_many"; i++ {
 						if sha != "" {
 							cmds = append(cmds, p.EvalSha(ctx, sha, keysOf(i), args...))
 						} else {

@@ -22,10 +22,12 @@
 -- for this driver and decide_many.lua's: it writes the reply's six values
 -- (admitted, now, allowed, remaining, reset_us, retry_us) into out from
 -- index p on, once decided, and returns out, or an error reply having
--- written nothing. (decide_many.lua answers a whole batch as one flat
--- array: a table per decision costs Redis more to turn into its reply
--- than the six numbers in it.)
-local function rg_one(out, p, key, now, code, limit, period, burst, cost, shadow)
+-- written nothing. bare leaves out the first two (decide_many.lua's reply
+-- carries its instant once, and the caller knows admitted from allowed and
+-- shadow). (decide_many.lua answers a whole batch as one flat array: a
+-- table per decision costs Redis more to turn into its reply than the
+-- numbers in it.)
+local function rg_one(out, p, key, now, code, limit, period, burst, cost, shadow, bare)
   local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, key, now, limit, period, burst, cost, true)
   if not a then
     return redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
@@ -36,7 +38,11 @@ local function rg_one(out, p, key, now, code, limit, period, burst, cost, shadow
   elseif shadow then
     admitted = 1
   end
-  out[p], out[p + 1], out[p + 2], out[p + 3], out[p + 4], out[p + 5] = admitted, now, a, rem, reset, retry
+  if bare then
+    out[p], out[p + 1], out[p + 2], out[p + 3] = a, rem, reset, retry
+  else
+    out[p], out[p + 1], out[p + 2], out[p + 3], out[p + 4], out[p + 5] = admitted, now, a, rem, reset, retry
+  end
   return out
 end
 

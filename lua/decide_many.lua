@@ -21,11 +21,17 @@
 --          t < 0    -t checks on the Redis clock, their -t shapes next
 --          t = 0    the general form: n, its number of checks, its now (µs,
 --                   or 0 for the Redis clock), then its n shapes
--- Reply    one flat array: decision after decision, decide.lua's reply for
---          it (2 + 4n values for n checks), or a single error reply when
---          it failed (a WRONGTYPE key, say): the others are decided all
---          the same. (Flat because Redis turns a table per decision into
---          its reply at a cost of its own, more than its numbers.)
+-- Reply    one flat array: the call's instant (µs, from TIME), then
+--          decision after decision, decide.lua's reply for it (2 + 4n
+--          values for n checks) or, for a decision of the form t > 0, its
+--          check's four values alone (allowed, remaining, reset_us,
+--          retry_us: it was decided at the call's instant, and it admitted
+--          when it allowed or its shape is a shadow), or a single error
+--          reply when it failed (a WRONGTYPE key, say): the others are
+--          decided all the same. (Flat because Redis turns a table per
+--          decision into its reply at a cost of its own, more than its
+--          numbers; and each value left out of the reply is one Redis
+--          writes and rategate reads less.)
 --
 -- Each decision is decide.lua run on its own keys, in order, all inside one
 -- atomic call: the same answers as m calls sent back to back at one
@@ -59,8 +65,9 @@ for i = 1, r do
   shapes[i] = s
 end
 -- where each decision's keys and arguments start, checked against #KEYS
--- and #ARGV before the first decision runs
-local ks, as = {}, {}
+-- and #ARGV before the first decision runs, and how many values of the
+-- reply each takes once decided
+local ks, as, size = {}, {}, {}
 local k, a = 1, 3 + 6 * r
 for j = 1, m do
   local t, n = tonumber(ARGV[a]), nil
@@ -77,9 +84,10 @@ for j = 1, m do
   if not whole(n, 1) then
     return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
   end
+  size[j] = 2 + 4 * n
+  if t > 0 then size[j] = 4 end
   k = k + n
 end
-ks[m + 1] = k
 if k - 1 ~= #KEYS or a - 1 ~= #ARGV then
   return redis.error_reply('rategate: decide_many keys or arguments do not match its decisions')
 end
@@ -89,14 +97,15 @@ local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- out is the reply; p is where the next decision's values go, hi the
 -- highest index a decision may have written (a failing one may leave
 -- values behind)
-local out, p, hi = {}, 1, 0
+local out, p, hi = {clock}, 2, 0
 
--- one is a decision of one check, of shape s.
-local function one(k, s, now)
+-- one is a decision of one check, of shape s; bare: its reply without
+-- admitted and its instant.
+local function one(k, s, now, bare)
   if not s then
     return redis.error_reply('rategate: decide_many check 1 has no shape')
   end
-  return rg_one(out, p, KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5])
+  return rg_one(out, p, KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5], bare)
 end
 
 -- decide_one is decision j, from its offsets, written into out at p: it
@@ -104,7 +113,7 @@ end
 local function decide_one(k, a)
   local t = tonumber(ARGV[a])
   if t > 0 then
-    return one(k, shapes[t], clock)
+    return one(k, shapes[t], clock, true)
   elseif t < 0 then
     return rg_all(KEYS, ARGV, k, a + 1, -t, clock, shapes, out, p - 1)
   end
@@ -117,17 +126,16 @@ local function decide_one(k, a)
 end
 
 for j = 1, m do
-  local size = 2 + 4 * (ks[j + 1] - ks[j])
   local ok, res = pcall(decide_one, ks[j], as[j])
   if ok and res == out then
-    p = p + size
+    p = p + size[j]
   else
     if type(res) == 'table' and res.err then
       out[p] = redis.error_reply(res.err)
     else
       out[p] = redis.error_reply(tostring(res))
     end
-    if p + size - 1 > hi then hi = p + size - 1 end
+    if p + size[j] - 1 > hi then hi = p + size[j] - 1 end
     p = p + 1
   end
 end

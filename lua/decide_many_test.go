@@ -63,42 +63,70 @@ func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 	return keys, append(args, body...)
 }
 
+// entry is how a decision's part of DecideMany's reply is laid out: its
+// number of checks, and whether it is bare (one check on the Redis clock:
+// its check's four values alone; shadow says whether that check only
+// reports).
+type entry struct {
+	checks       int
+	bare, shadow bool
+}
+
 // decideMany sends ds as one FCALL of DecideMany and splits its flat reply
-// into one entry per decision: decide.lua's reply for it, or its error
-// (redis.Error). A reply that does not split into len(ds) entries fails t.
-func decideMany(t *testing.T, client *redis.Client, lib FunctionLibrary, keys []string, args []any, checks []int) []any {
+// into one entry per decision: decide.lua's reply for it (a bare entry
+// completed with its admitted and the call's instant, as decide.lua would
+// answer it), or its error (redis.Error). A reply that does not start with
+// the call's instant or does not split into len(ds) entries fails t.
+func decideMany(t *testing.T, client *redis.Client, lib FunctionLibrary, keys []string, args []any, entries []entry) []any {
 	t.Helper()
 	flat, err := client.FCall(context.Background(), lib.DecideMany, keys, args...).Slice()
 	if err != nil {
 		t.Fatalf("DecideMany: %v", err)
 	}
-	var entries []any
-	p := 0
-	for _, n := range checks {
+	clock, ok := flat[0].(int64)
+	if !ok || clock <= 0 {
+		t.Fatalf("DecideMany answered %v: no instant first", flat)
+	}
+	var got []any
+	p := 1
+	for _, e := range entries {
 		if p < len(flat) {
-			if e, ok := flat[p].(redis.Error); ok {
-				entries, p = append(entries, e), p+1
+			if err, ok := flat[p].(redis.Error); ok {
+				got, p = append(got, err), p+1
 				continue
 			}
 		}
-		if p+2+4*n > len(flat) {
-			t.Fatalf("DecideMany answered %v: short of %d decisions of %v checks", flat, len(checks), checks)
+		size := 2 + 4*e.checks
+		if e.bare {
+			size = 4
 		}
-		entries, p = append(entries, flat[p:p+2+4*n]), p+2+4*n
+		if p+size > len(flat) {
+			t.Fatalf("DecideMany answered %v: short of %d decisions %v", flat, len(entries), entries)
+		}
+		r := flat[p : p+size]
+		if e.bare {
+			admitted := int64(0)
+			if r[0] == int64(1) || e.shadow {
+				admitted = 1
+			}
+			r = append([]any{admitted, clock}, r...)
+		}
+		got, p = append(got, r), p+size
 	}
 	if p != len(flat) {
-		t.Fatalf("DecideMany answered %v: more than %d decisions of %v checks", flat, len(checks), checks)
+		t.Fatalf("DecideMany answered %v: more than %d decisions %v", flat, len(entries), entries)
 	}
-	return entries
+	return got
 }
 
-// checksOf is each decision's number of checks.
-func checksOf(ds []manyDecision) []int {
-	n := make([]int, len(ds))
+// entriesOf is how each decision of ds is answered.
+func entriesOf(ds []manyDecision) []entry {
+	es := make([]entry, len(ds))
 	for i, d := range ds {
-		n[i] = len(d.keys)
+		n := len(d.keys)
+		es[i] = entry{checks: n, bare: n == 1 && d.argv[0] == int64(0), shadow: d.argv[len(d.argv)-1] == 1}
 	}
-	return n
+	return es
 }
 
 // withLibrary starts a redis-server with the function library loaded.
@@ -161,7 +189,7 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 			ds = append(ds, decision(at))
 		}
 		keys, args := manyArgs(inSpace("m"), ds)
-		got := decideMany(t, client, lib, keys, args, checksOf(ds))
+		got := decideMany(t, client, lib, keys, args, entriesOf(ds))
 		for i, d := range ds {
 			k, _ := manyArgs(inSpace("o"), []manyDecision{d})
 			argv := d.argv
@@ -226,7 +254,7 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 		{[]string{"a"}, decideArgv(now, fw)},
 	}
 	keys, args := manyArgs(inSpace("e"), ds)
-	got := decideMany(t, client, lib, keys, args, checksOf(ds))
+	got := decideMany(t, client, lib, keys, args, entriesOf(ds))
 	for i, want := range []string{"", "WRONGTYPE", "WRONGTYPE", "unknown algorithm code 9", "", ""} {
 		e, isErr := got[i].(redis.Error)
 		switch {
@@ -250,7 +278,7 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 	// anything after it).
 	last := []manyDecision{{[]string{"d"}, decideArgv(now, fw)}, {[]string{"d", "list"}, decideArgv(now, fw, fw)}}
 	keys, args = manyArgs(inSpace("e"), last)
-	got = decideMany(t, client, lib, keys, args, checksOf(last))
+	got = decideMany(t, client, lib, keys, args, entriesOf(last))
 	if e, ok := got[1].(redis.Error); !ok || !strings.Contains(e.Error(), "WRONGTYPE") {
 		t.Errorf("the last decision answered %v, want WRONGTYPE", got[1])
 	}
@@ -301,7 +329,7 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 		// decision 1: two checks, the second bad; decision 2: one good check.
 		got := decideMany(t, client, lib, keys, []any{2, 1, 3, 5, 90_000_000, 5, 0, 1,
 			0, 2, now + 1000, 1, bad,
-			0, 1, now + 1000, 1}, []int{2, 1})
+			0, 1, now + 1000, 1}, []entry{{checks: 2}, {checks: 1}})
 		if e, ok := got[0].(redis.Error); !ok || !strings.Contains(e.Error(), "rategate: decide_many check 2") {
 			t.Errorf("%s: decision 1 answered %v, want decide_many's error for its check 2", what, got[0])
 		}
@@ -346,7 +374,7 @@ func TestDecideManyOneTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, args := manyArgs(inSpace("t"), ds)
-	got := decideMany(t, client, lib, keys, args, checksOf(ds))
+	got := decideMany(t, client, lib, keys, args, entriesOf(ds))
 	m := regexp.MustCompile(`cmdstat_time:calls=(\d+)`).FindStringSubmatch(client.Info(ctx, "commandstats").Val())
 	if m == nil || m[1] != "1" {
 		t.Fatalf("TIME calls %v for one DecideMany, want 1", m)

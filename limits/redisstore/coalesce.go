@@ -553,9 +553,21 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 	}
 	flat, err := cmd.Slice()
 	if err == nil && !manyReplyFits(flat, live) {
-		err = fmt.Errorf("redis store: %s answered %d values, not the replies of %d decisions", c.fn.lib.DecideMany, len(flat), len(live))
+		err = fmt.Errorf("redis store: %s answered %d values, not an instant and the replies of %d decisions", c.fn.lib.DecideMany, len(flat), len(live))
 	}
-	p := 0
+	// A bare reply (one check on the Redis clock: its four values) is
+	// completed into decide.lua's, in one array for the whole batch.
+	var full []any
+	if err == nil {
+		n := 0
+		for _, call := range live {
+			if bare(call) {
+				n++
+			}
+		}
+		full = make([]any, 0, 6*n)
+	}
+	p := 1
 	for _, call := range live {
 		if err != nil {
 			c.deliver(call, nil, err)
@@ -566,6 +578,18 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 			p++
 			continue
 		}
+		if bare(call) {
+			v := flat[p : p+4]
+			admitted := int64(0)
+			if v[0] == int64(1) || shadowed(call) {
+				admitted = 1
+			}
+			at := len(full)
+			full = append(full, admitted, flat[0], v[0], v[1], v[2], v[3])
+			c.deliver(call, full[at:at+6:at+6], nil)
+			p += 4
+			continue
+		}
 		end := p + 2 + 4*len(call.keys)
 		c.deliver(call, flat[p:end:end], nil)
 		p = end
@@ -573,22 +597,49 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 	return true
 }
 
-// manyReplyFits reports whether DecideMany's flat reply holds, decision
-// after decision, either one error or a decide reply of 2 values and 4 per
-// check, and nothing more.
+// manyReplyFits reports whether DecideMany's flat reply holds its instant,
+// then, decision after decision, either one error, or a bare reply of 4
+// values, or a decide reply of 2 values and 4 per check, and nothing more.
 func manyReplyFits(flat []any, live []*scriptCall) bool {
-	p := 0
+	if len(flat) == 0 {
+		return false
+	}
+	if _, ok := flat[0].(int64); !ok {
+		return false
+	}
+	p := 1
 	for _, call := range live {
 		if p >= len(flat) {
 			return false
 		}
-		if _, ok := flat[p].(error); ok {
+		switch _, isErr := flat[p].(error); {
+		case isErr:
 			p++
-			continue
+		case bare(call):
+			p += 4
+		default:
+			p += 2 + 4*len(call.keys)
 		}
-		p += 2 + 4*len(call.keys)
 	}
 	return p == len(flat)
+}
+
+// bare reports a decide call that DecideMany answers bare, without its
+// admitted and its instant: one check, on the Redis clock.
+func bare(call *scriptCall) bool {
+	return len(call.keys) == 1 && onClock(call)
+}
+
+// shadowed reports a decide call of one check that only reports (its
+// shadow argument, the last, is 1).
+func shadowed(call *scriptCall) bool {
+	switch v := call.args[len(call.args)-1].(type) {
+	case int:
+		return v == 1
+	case int64:
+		return v == 1
+	}
+	return false
 }
 
 // manyScanShapes is how many distinct shapes manyArgs looks through one
@@ -664,7 +715,7 @@ func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
 		keys = append(keys, call.keys...)
 		n := len(call.keys)
 		switch {
-		case onClock(call) && n == 1:
+		case bare(call):
 			// one check on the Redis clock: its shape alone
 		case onClock(call):
 			args = append(args, -n)

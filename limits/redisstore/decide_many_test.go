@@ -252,7 +252,11 @@ func TestBatchOnClusterModeServer(t *testing.T) {
 func TestManyReplyFits(t *testing.T) {
 	ctx := context.Background()
 	one, two := fwCall(t, ctx, "a", 5), fwCall(t, ctx, "b", 5, "c", 5)
-	live := []*scriptCall{one, two, one}
+	at := fwCall(t, ctx, "d", 5)
+	at.args[0] = int64(1_000_000) // its own instant: not bare
+	live := []*scriptCall{one, two, at, one}
+	clock := []any{int64(1_796_000_000_000_000)}
+	bare4 := []any{int64(1), int64(4), int64(9), int64(0)}
 	ok6 := []any{int64(1), int64(7), int64(1), int64(4), int64(9), int64(0)}
 	ok10 := append(append([]any{}, ok6...), int64(1), int64(3), int64(9), int64(0))
 	var fail error = fmt.Errorf("WRONGTYPE x") // go-redis gives an error value (a redis.Error)
@@ -267,17 +271,94 @@ func TestManyReplyFits(t *testing.T) {
 		flat []any
 		want bool
 	}{
-		"all decided":        {cat(ok6, ok10, ok6), true},
-		"an error each":      {[]any{fail, fail, fail}, true},
-		"the middle failed":  {cat(ok6, []any{fail}, ok6), true},
-		"the last failed":    {cat(ok6, ok10, []any{fail}), true},
-		"a value short":      {cat(ok6, ok10, ok6[:5]), false},
-		"a value too many":   {cat(ok6, ok10, ok6, []any{int64(0)}), false},
-		"a decision missing": {cat(ok6, ok10), false},
-		"nothing":            {nil, false},
+		"all decided":             {cat(clock, bare4, ok10, ok6, bare4), true},
+		"an error each":           {cat(clock, []any{fail, fail, fail, fail}), true},
+		"the middle failed":       {cat(clock, bare4, []any{fail}, ok6, bare4), true},
+		"the last failed":         {cat(clock, bare4, ok10, ok6, []any{fail}), true},
+		"no instant":              {cat(bare4, ok10, ok6, bare4), false},
+		"an instant not a number": {cat([]any{"x"}, bare4, ok10, ok6, bare4), false},
+		"a bare reply in full":    {cat(clock, ok6, ok10, ok6, bare4), false},
+		"a full reply bare":       {cat(clock, bare4, ok10, bare4, bare4), false},
+		"a value short":           {cat(clock, bare4, ok10, ok6, bare4[:3]), false},
+		"a value too many":        {cat(clock, bare4, ok10, ok6, bare4, []any{int64(0)}), false},
+		"a decision missing":      {cat(clock, bare4, ok10, ok6), false},
+		"the instant alone":       {clock, false},
+		"nothing":                 {nil, false},
 	} {
 		if got := manyReplyFits(c.flat, live); got != c.want {
 			t.Errorf("%s: manyReplyFits %v, want %v", what, got, c.want)
 		}
 	}
+}
+
+// TestBatchBareReplies: a decision of one check on the Redis clock comes
+// back from DecideMany as its check's four values alone, and sendMany
+// hands its caller decide.lua's whole reply: admitted when allowed or when
+// the check is a shadow, at the batch's instant. Shadow and enforced
+// checks past their limit, a decision at its own instant and one of two
+// checks share the batch.
+func TestBatchBareReplies(t *testing.T) {
+	srv := testredis.Start(t)
+	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
+	ctx := testredis.Ctx(t)
+	type want struct{ admitted, allowed, remaining int64 }
+	var calls []*scriptCall
+	var wants []want
+	for i := range 3 {
+		calls = append(calls, fwCall(t, ctx, "bb:{s}:fw", 2))
+		calls[len(calls)-1].args[6] = 1 // a shadow
+		calls = append(calls, fwCall(t, ctx, "bb:{n}:fw", 2))
+		left := int64(max(1-i, 0))
+		wants = append(wants, want{1, b2i(i < 2), left}, want{b2i(i < 2), b2i(i < 2), left})
+	}
+	own := fwCall(t, ctx, "bb:{o}:fw", 2)
+	own.args[0] = time.Now().UnixMicro() // its own instant: a full reply
+	calls = append(calls, own, fwCall(t, ctx, "bb:{m}:fw", 2, "bb:{m2}:fw", 2))
+	wants = append(wants, want{1, 1, 1}, want{1, 1, 1})
+	client := srv.Client(t)
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UnixMicro()
+	s.co.send(s.co.client.Pipeline(), calls, nil)
+	if n := commandCalls(t, client)["fcall"]; n != 1 {
+		t.Fatalf("%d FCALLs for one batch, want one of DecideMany", n)
+	}
+	var clock any
+	for i, call := range calls {
+		reply, err, owned := call.wait()
+		if !owned || err != nil {
+			t.Fatalf("call %d: owned %v, error %v", i, owned, err)
+		}
+		r, ok := reply.([]any)
+		if !ok || len(r) != 2+4*len(call.keys) {
+			t.Fatalf("call %d: reply %v, want decide.lua's for %d checks", i, reply, len(call.keys))
+		}
+		w := wants[i]
+		if r[0] != w.admitted || r[2] != w.allowed || r[3] != w.remaining {
+			t.Errorf("call %d (%v %v): reply %v, want admitted %d, allowed %d, remaining %d", i, call.keys, call.args, r, w.admitted, w.allowed, w.remaining)
+		}
+		switch {
+		case i == 6:
+			if r[1] != own.args[0] {
+				t.Errorf("the call at its own instant %v was decided at %v", own.args[0], r[1])
+			}
+		case clock == nil:
+			clock = r[1]
+			if at, ok := clock.(int64); !ok || at < before-time.Minute.Microseconds() {
+				t.Errorf("call %d decided at %v, not the Redis clock", i, clock)
+			}
+		case r[1] != clock:
+			t.Errorf("call %d decided at %v, the batch's first at %v", i, r[1], clock)
+		}
+		call.release()
+	}
+}
+
+// b2i is 1 for true, 0 for false.
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -252,10 +252,16 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 		{[]string{"c"}, decideArgv(now, [5]int64{9, 1, 1, 1, 1})},
 		{[]string{"a"}, decideArgv(now, fw)},
 		{[]string{"a"}, decideArgv(now, fw)},
+		// bare decisions (one check on the Redis clock), failing and not
+		{[]string{"list"}, decideArgv(0, fw)},
+		{[]string{"f"}, decideArgv(0, fw)},
 	}
 	keys, args := manyArgs(inSpace("e"), ds)
 	got := decideMany(t, client, lib, keys, args, entriesOf(ds))
-	for i, want := range []string{"", "WRONGTYPE", "WRONGTYPE", "unknown algorithm code 9", "", ""} {
+	if r, ok := got[7].([]any); !ok || r[0] != int64(1) || r[2] != int64(1) || r[3] != int64(1) {
+		t.Errorf("the bare decision after a failing one answered %v, want admitted with 1 left", got[7])
+	}
+	for i, want := range []string{"", "WRONGTYPE", "WRONGTYPE", "unknown algorithm code 9", "", "", "WRONGTYPE", ""} {
 		e, isErr := got[i].(redis.Error)
 		switch {
 		case want == "" && isErr:
@@ -360,14 +366,16 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 
 // TestDecideManyOneTime: the decisions of one call on the Redis clock read
 // TIME once and are decided at that instant; one that names its own
-// instant keeps it.
+// instant keeps it. (A bare decision's reply carries no instant of its
+// own, so each of its token_bucket records says when it was decided.)
 func TestDecideManyOneTime(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
 	sw := [5]int64{3, 100, 60_000_000, 100, 1}
+	tb := [5]int64{5, 100, 60_000_000, 100, 1}
 	var ds []manyDecision
 	for i := range 10 {
-		ds = append(ds, manyDecision{[]string{fmt.Sprintf("k%d", i)}, decideArgv(0, sw)})
+		ds = append(ds, manyDecision{[]string{fmt.Sprintf("k%d", i)}, decideArgv(0, tb)})
 	}
 	ds = append(ds, manyDecision{[]string{"x", "y"}, decideArgv(0, sw, sw)}, manyDecision{[]string{"z"}, decideArgv(12345, sw)})
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
@@ -390,5 +398,10 @@ func TestDecideManyOneTime(t *testing.T) {
 	}
 	if v, _ := strconv.ParseInt(fmt.Sprint(first), 10, 64); v < time.Now().Add(-time.Minute).UnixMicro() {
 		t.Errorf("decided at %v, not the Redis clock", first)
+	}
+	for i := range 10 {
+		if ts := client.HGet(ctx, fmt.Sprintf("rg:{t}:k%d", i), "ts").Val(); ts != fmt.Sprint(first) {
+			t.Errorf("bare decision %d recorded its bucket at %q, the call's instant is %v", i, ts, first)
+		}
 	}
 }

@@ -497,8 +497,9 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 }
 
 // sendMany sends live as one FCALL of the library's DecideMany
-// (lua/decide_many.lua) and delivers to every call its part of the flat
-// reply (a decide reply, or an error, per call in order): Redis runs the
+// (lua/decide_many.lua) and delivers to every call its decide reply, or
+// its error, from the flat reply (in order; a bare one completed with its
+// admitted and the call's instant, as decide.lua answers): Redis runs the
 // calls' decisions one after another inside one call, so it reads one
 // command, looks up one function and reads TIME once for the whole
 // batch. The same replies come back as from one FCALL each at one

@@ -246,9 +246,11 @@ func TestBatchOnClusterModeServer(t *testing.T) {
 	}
 }
 
-// TestManyReplyFits: sendMany takes DecideMany's flat reply as decision
-// after decision, one error or 2 values and 4 per check, and refuses a
-// reply with a value too many or too few for its calls.
+// TestManyReplyFits: sendMany takes DecideMany's flat reply as the call's
+// instant, then decision after decision one error, or 4 values for a bare
+// decision (one check on the Redis clock), or 2 values and 4 per check,
+// and refuses a reply without its instant or with a value too many or too
+// few for its calls.
 func TestManyReplyFits(t *testing.T) {
 	ctx := context.Background()
 	one, two := fwCall(t, ctx, "a", 5), fwCall(t, ctx, "b", 5, "c", 5)

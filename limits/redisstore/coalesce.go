@@ -631,14 +631,19 @@ func bare(call *scriptCall) bool {
 	return len(call.keys) == 1 && onClock(call)
 }
 
-// shadowed reports a decide call of one check that only reports (its
-// shadow argument, the last, is 1).
+// shadowed reports a decide call of one check that only reports: its
+// shadow argument, the last, is what go-redis sends as "1", the one value
+// decide.lua takes for a shadow (appendCheckArgs gives an int).
 func shadowed(call *scriptCall) bool {
 	switch v := call.args[len(call.args)-1].(type) {
 	case int:
 		return v == 1
 	case int64:
 		return v == 1
+	case bool:
+		return v
+	case string:
+		return v == "1"
 	}
 	return false
 }

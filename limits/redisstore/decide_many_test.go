@@ -364,3 +364,28 @@ func b2i(b bool) int64 {
 	}
 	return 0
 }
+
+// TestShadowedSpellings: every spelling of the shadow flag that reaches
+// Redis as "1" (decide.lua's only shadow) is a shadow to sendMany too, and
+// nothing else is: a bare denied check must not admit by one reading and
+// deny by the other.
+func TestShadowedSpellings(t *testing.T) {
+	ctx := context.Background()
+	client := testredis.Start(t).Client(t)
+	for _, c := range []struct {
+		v    any
+		want bool
+	}{{1, true}, {int64(1), true}, {true, true}, {"1", true},
+		{0, false}, {int64(0), false}, {false, false}, {"0", false}, {2, false}, {"true", false}} {
+		call := fwCall(t, ctx, "s", 5)
+		call.args[len(call.args)-1] = c.v
+		if got := shadowed(call); got != c.want {
+			t.Errorf("shadow argument %#v: shadowed %v, want %v", c.v, got, c.want)
+		}
+		// what Redis receives
+		got, err := client.Do(ctx, "ECHO", c.v).Text()
+		if err != nil || (got == "1") != c.want {
+			t.Errorf("shadow argument %#v reaches Redis as %q (%v)", c.v, got, err)
+		}
+	}
+}

@@ -5,9 +5,10 @@
 -- TIME, turning the reply into RESP. When rategate has several decisions
 -- queued for one server (single Redis or a Sentinel primary: keys of any
 -- slot), it sends them as one FCALL of this function, and pays that once.
--- Only the function library holds it (lua.go wraps this file as the
--- function rg_decide_many, next to rg_decide, which is decide.lua's driver;
--- a decision goes straight to decide.lua's rg_one or rg_all).
+-- Only the function library holds it (lua.go makes the part below this
+-- file's "@driver" line the function rg_decide_many, next to rg_decide,
+-- which is decide.lua's driver; a decision goes straight to decide.lua's
+-- rg_one or rg_all).
 --
 -- KEYS     every decision's keys, one decision after another
 -- ARGV[1]  m, the number of decisions
@@ -38,20 +39,43 @@
 -- instant. TIME is read once, before any decision, and decisions that use
 -- the Redis clock share it (nothing else runs between them). The layout is
 -- checked before anything is decided, and each decision's own arguments
--- are read inside its pcall, so a malformed call fails whole, having
+-- are read inside its pcall (or, for a decision of one check, where
+-- nothing can fail), so a malformed call fails whole, having
 -- written nothing, and a failing decision fails alone. A decision that
 -- fails may have written what it wrote before its error, exactly as the
 -- same decision alone would have. An error entry carries the error's text
 -- without the "script: ..." suffix Redis adds to a whole call's error.
 
--- whole reports a count: a whole number, at least lo (a fraction would
--- make the loops below and the layout check disagree).
-local function whole(x, lo)
+-- The helpers stand above the "@driver" line: lua.go puts them at the
+-- library's top level, defined once at FUNCTION LOAD, not as closures of
+-- every call (each closure and each growing table of a call is an
+-- allocation Redis pays on every batch).
+
+-- dm_whole reports a count: a whole number, at least lo (a fraction would
+-- make the layout check and the decisions' walk disagree).
+local function dm_whole(x, lo)
   return x and x >= lo and x == math.floor(x)
 end
 
+-- dm_general is a decision of the general form (t = 0) whose values start
+-- at ARGV[a] and keys at KEYS[k], written into out at p: it returns out,
+-- or an error reply.
+local function dm_general(KEYS, ARGV, k, a, clock, shapes, out, p)
+  local n, now = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  if now == 0 then now = clock end
+  if n == 1 then
+    local s = shapes[tonumber(ARGV[a + 3])]
+    if not s then
+      return redis.error_reply('rategate: decide_many check 1 has no shape')
+    end
+    return rg_one(out, p, KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5])
+  end
+  return rg_all(KEYS, ARGV, k, a + 3, n, now, shapes, out, p - 1)
+end
+
+-- @driver: the function's body.
 local m, r = tonumber(ARGV[1]), tonumber(ARGV[2])
-if not whole(m, 0) or not whole(r, 0) then
+if not dm_whole(m, 0) or not dm_whole(r, 0) then
   return redis.error_reply('rategate: decide_many wants m and r first')
 end
 local shapes = {}
@@ -64,16 +88,15 @@ for i = 1, r do
   end
   shapes[i] = s
 end
--- where each decision's keys and arguments start, checked against #KEYS
--- and #ARGV before the first decision runs, and how many values of the
--- reply each takes once decided
-local ks, as, size = {}, {}, {}
-local k, a = 1, 3 + 6 * r
+-- The layout, checked against #KEYS and #ARGV before the first decision
+-- runs; the decisions below walk it again the same way (keeping where
+-- each starts would cost three growing tables per call). total is the
+-- reply's length once every decision answered.
+local k, a, total = 1, 3 + 6 * r, 1
 for j = 1, m do
   local t, n = tonumber(ARGV[a]), nil
-  ks[j], as[j] = k, a
   if t and t > 0 then
-    n, a = 1, a + 1
+    n, a, total = 1, a + 1, total + 4
   elseif t and t < 0 then
     n = -t
     a = a + 1 + n
@@ -81,11 +104,10 @@ for j = 1, m do
     n = tonumber(ARGV[a + 1])
     if n then a = a + 3 + n end
   end
-  if not whole(n, 1) then
+  if not dm_whole(n, 1) then
     return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
   end
-  size[j] = 2 + 4 * n
-  if t > 0 then size[j] = 4 end
+  if t <= 0 then total = total + 2 + 4 * n end
   k = k + n
 end
 if k - 1 ~= #KEYS or a - 1 ~= #ARGV then
@@ -95,47 +117,50 @@ local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- out is the reply; p is where the next decision's values go, hi the
--- highest index a decision may have written (a failing one may leave
--- values behind)
-local out, p, hi = {clock}, 2, 0
-
--- one is a decision of one check, of shape s; bare: its reply without
--- admitted and its instant.
-local function one(k, s, now, bare)
-  if not s then
-    return redis.error_reply('rategate: decide_many check 1 has no shape')
-  end
-  return rg_one(out, p, KEYS[k], now, s[1], s[2], s[3], s[4], s[6], s[5], bare)
+-- highest index that may hold a value once every decision ran (a failing
+-- decision may leave values behind, and its error takes one value). Lua 5.1 cannot size a table up front, except through a
+-- constructor ending in a call of many results, which sizes it once: out
+-- starts as total values (ARGV's, all overwritten or cleared below), so it
+-- is not grown seven times on the way. (unpack's results must fit Lua's
+-- stack: past a few thousand, out grows as it goes.)
+local out, p, hi = nil, 2, 0
+if total <= 4000 then
+  out, hi = {clock, unpack(ARGV, 1, total - 1)}, total
+else
+  out = {clock}
 end
-
--- decide_one is decision j, from its offsets, written into out at p: it
--- returns out, or an error reply.
-local function decide_one(k, a)
-  local t = tonumber(ARGV[a])
-  if t > 0 then
-    return one(k, shapes[t], clock, true)
-  elseif t < 0 then
-    return rg_all(KEYS, ARGV, k, a + 1, -t, clock, shapes, out, p - 1)
-  end
-  local n, now = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  if now == 0 then now = clock end
-  if n == 1 then
-    return one(k, shapes[tonumber(ARGV[a + 3])], now)
-  end
-  return rg_all(KEYS, ARGV, k, a + 3, n, now, shapes, out, p - 1)
-end
-
+k, a = 1, 3 + 6 * r
 for j = 1, m do
-  local ok, res = pcall(decide_one, ks[j], as[j])
+  local t, n, size, ok, res = tonumber(ARGV[a]), 1, 4, true, nil
+  if t > 0 then
+    local s = shapes[t]
+    if s then
+      ok, res = pcall(rg_one, out, p, KEYS[k], clock, s[1], s[2], s[3], s[4], s[6], s[5], true)
+    else
+      res = redis.error_reply('rategate: decide_many check 1 has no shape')
+    end
+    a = a + 1
+  elseif t < 0 then
+    n = -t
+    size = 2 + 4 * n
+    ok, res = pcall(rg_all, KEYS, ARGV, k, a + 1, n, clock, shapes, out, p - 1)
+    a = a + 1 + n
+  else
+    n = tonumber(ARGV[a + 1])
+    size = 2 + 4 * n
+    ok, res = pcall(dm_general, KEYS, ARGV, k, a, clock, shapes, out, p)
+    a = a + 3 + n
+  end
+  k = k + n
   if ok and res == out then
-    p = p + size[j]
+    p = p + size
   else
     if type(res) == 'table' and res.err then
       out[p] = redis.error_reply(res.err)
     else
       out[p] = redis.error_reply(tostring(res))
     end
-    if p + size[j] - 1 > hi then hi = p + size[j] - 1 end
+    if p + size - 1 > hi then hi = p + size - 1 end
     p = p + 1
   end
 end

@@ -314,6 +314,65 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 	}
 }
 
+// TestDecideManyLongReply: decide_many sizes its reply once when it has at
+// most 4000 values, and grows it as it goes beyond; both ways every
+// decision gets its own values and nothing is left over, failing
+// decisions (one value each) among them. rategate sends at most 128
+// decisions a call; the function takes any number.
+func TestDecideManyLongReply(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	now := time.Now().UnixMicro()
+	fw := [5]int64{1, 2, 60_000_000, 2, 1}
+	sized := map[bool]bool{}
+	for _, m := range []int{950, 1001, 1200} {
+		space := inSpace(fmt.Sprintf("l%d", m))
+		if err := client.RPush(ctx, space("list"), "x").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var ds []manyDecision
+		values := 1 // the reply's length were every decision to answer
+		for i := range m {
+			switch {
+			case i%97 == 5:
+				ds = append(ds, manyDecision{[]string{"list"}, decideArgv(0, fw)})
+				values += 4
+			case i%101 == 7 || i == m-1:
+				// last: a failing decision that wrote values before its error
+				ds = append(ds, manyDecision{[]string{fmt.Sprint(i), "list"}, decideArgv(now, fw, fw)})
+				values += 10
+			default:
+				ds = append(ds, manyDecision{[]string{fmt.Sprint(i % 500)}, decideArgv(0, fw)})
+				values += 4
+			}
+		}
+		sized[values <= 4000] = true
+		keys, args := manyArgs(space, ds)
+		got := decideMany(t, client, lib, keys, args, entriesOf(ds)) // fails on a value too many or short
+		seen := map[string]int64{}
+		for i, d := range ds {
+			e, isErr := got[i].(redis.Error)
+			if d.keys[len(d.keys)-1] == "list" {
+				if !isErr || !strings.Contains(e.Error(), "WRONGTYPE") {
+					t.Fatalf("m=%d, decision %d: %v, want WRONGTYPE", m, i, got[i])
+				}
+				continue
+			}
+			// limit 2 per key: the first two decisions on a key admitted
+			want := int64(0)
+			if seen[d.keys[0]]++; seen[d.keys[0]] <= 2 {
+				want = 1
+			}
+			if r, ok := got[i].([]any); !ok || r[0] != want {
+				t.Fatalf("m=%d, decision %d on %s: %v, want admitted = %d", m, i, d.keys[0], got[i], want)
+			}
+		}
+	}
+	if !sized[true] || !sized[false] {
+		t.Fatalf("the calls cover replies sized up front %v and grown %v; want both", sized[true], sized[false])
+	}
+}
+
 // TestDecideManyBadCheckWritesNothing: a multi-rule decision whose later
 // check names no shape fails alone, before its earlier checks ran: a live
 // sliding_window record its first check would rewrite under a changed

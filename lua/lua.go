@@ -7,7 +7,10 @@
 // Each lua/<algorithm>.lua runs on its own with redis-cli --eval: its
 // functions stand above a "-- @standalone" line, a small main below it. The
 // builders take the part above the line and join it with a driver
-// (decide.lua, decide_many.lua, refund.lua, lease.lua).
+// (decide.lua, decide_many.lua, refund.lua, lease.lua). decide.lua and
+// decide_many.lua split the same way at a "-- @driver" line: the functions
+// above it go to the top level (of the script, of the library), the body
+// below it into the script's main or the library's function.
 package lua
 
 import (
@@ -284,11 +287,22 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
-	manyDrv, err := read("decide_many.lua")
+	// decide_many.lua too: its helpers above the line, at the library's
+	// top level; its body below, the function's.
+	manySrc, err := read("decide_many.lua")
 	if err != nil {
 		return assembly{}, err
 	}
-	if manyDrv, err = strip("decide_many.lua", manyDrv); err != nil {
+	cut = strings.Index(manySrc, driverMarker)
+	if cut < 0 {
+		return assembly{}, fmt.Errorf("lua: decide_many.lua has no %q line", driverMarker)
+	}
+	manyFns, err := strip("decide_many.lua", manySrc[:cut])
+	if err != nil {
+		return assembly{}, err
+	}
+	manyDrv, err := strip("decide_many.lua", manySrc[cut:])
+	if err != nil {
 		return assembly{}, err
 	}
 
@@ -356,6 +370,7 @@ func build(readFile source) (assembly, error) {
 	}
 	dispatch(&l, algos)
 	l.WriteString(decideFns)
+	l.WriteString(manyFns)
 	l.WriteString("local function rg_decide(KEYS, ARGV)\n" + libEntry)
 	l.WriteString(decideDrv)
 	l.WriteString("end\n\nlocal function rg_decide_many(KEYS, ARGV)\n" + libEntry)

@@ -126,6 +126,7 @@ func (a *App) needRestart(prev, next *config.Config) []string {
 	diff("redis.coalesce.pipelines", pc.Pipelines, nc.Pipelines)
 	diff("redis.coalesce.max_batch", pc.MaxBatch, nc.MaxBatch)
 	diff("redis.coalesce.wait", pc.Wait, nc.Wait)
+	diff("redis.coalesce.overlap_after", pc.OverlapAfter, nc.OverlapAfter)
 	diff("deny_cache.enabled", prev.DenyCache.Enabled, next.DenyCache.Enabled)
 	diff("deny_cache.max_entries", prev.DenyCache.MaxEntries, next.DenyCache.MaxEntries)
 	return out

@@ -25,6 +25,15 @@ type openedStore struct {
 	memory *memstore.Store
 }
 
+// overlap is redis.coalesce.overlap_after as the store takes it: 0 (send
+// at once) is a negative Overlap there, where 0 means the default.
+func overlap(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 // openStore connects to Redis when a URL, cluster or sentinel is configured
 // (redisURL, from -redis or RATEGATE_REDIS_URL, wins over the file), else
 // returns the in-memory store and says so.
@@ -35,6 +44,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedS
 		Pipelines: rc.Coalesce.Pipelines,
 		MaxBatch:  rc.Coalesce.MaxBatch,
 		Wait:      rc.Coalesce.Wait,
+		Overlap:   overlap(rc.Coalesce.OverlapAfter),
 		EvalOnly:  !rc.Functions,
 	}}
 	tlsConf, err := redisTLS(rc.TLS)

@@ -112,6 +112,10 @@ type Coalesce struct {
 	// Wait is how long to wait for more decisions before sending a pipeline
 	// that is not full; default 0 (send what is queued).
 	Wait time.Duration
+	// OverlapAfter is how long every pipeline in flight must have waited
+	// before another is sent alongside it (a full batch goes at once);
+	// default 1ms (at most half of redis.timeout), 0: at once.
+	OverlapAfter time.Duration
 }
 
 // Sentinel is `redis.sentinel:`; Master is "" when Sentinel is not used.

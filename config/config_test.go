@@ -287,6 +287,10 @@ func TestParseInvalidInline(t *testing.T) {
 				`redis.coalesce.max_batch: must be between 1 and 4096, got 5000`}},
 		{"coalesce wait eats the budget", "redis: {timeout: 20ms, coalesce: {wait: 15ms}}\n",
 			[]string{`redis.coalesce.wait: must be at most half of redis.timeout (20ms), got 15ms`}},
+		{"coalesce overlap eats the budget", "redis: {timeout: 20ms, coalesce: {overlap_after: 11ms}}\n",
+			[]string{`redis.coalesce.overlap_after: must be at most half of redis.timeout (20ms), got 11ms`}},
+		{"coalesce overlap negative", "redis: {coalesce: {overlap_after: -1ms}}\n",
+			[]string{`redis.coalesce.overlap_after: must be >= 0, got -1ms`}},
 		{"deny cache bound", "deny_cache: {max_entries: 0}\n",
 			[]string{`deny_cache.max_entries: must be >= 1, got 0`}},
 		{"coalesce unknown key", "redis: {coalesce: {pipeline: 4}}\n",
@@ -356,7 +360,7 @@ func TestLoadFull(t *testing.T) {
 			Password:  "redis-secret",
 			KeyPrefix: "rg-test",
 			Timeout:   120 * time.Millisecond,
-			Coalesce:  Coalesce{Enabled: false, Pipelines: 8, MaxBatch: 32, Wait: 20 * time.Microsecond},
+			Coalesce:  Coalesce{Enabled: false, Pipelines: 8, MaxBatch: 32, Wait: 20 * time.Microsecond, OverlapAfter: 0},
 			Functions: false,
 		},
 		FailureMode:       limits.FailLocal,
@@ -463,7 +467,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Source: "empty.yaml",
 		Redis: Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond,
-			Coalesce: Coalesce{Enabled: true, Pipelines: 2, MaxBatch: 128}, Functions: true},
+			Coalesce: Coalesce{Enabled: true, Pipelines: 2, MaxBatch: 128, OverlapAfter: time.Millisecond}, Functions: true},
 		DenyCache:         DenyCache{Enabled: true, MaxEntries: 100_000},
 		IdentityOverrides: IdentityOverrides{MaxEntries: 100_000},
 		FailureMode:       limits.FailAllow,
@@ -486,6 +490,28 @@ func TestDefaults(t *testing.T) {
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %s\nwant %s", dump(c), dump(want))
+	}
+}
+
+// TestOverlapDefaultFitsTimeout: overlap_after's default, 1ms, is cut to
+// half of a shorter redis.timeout, so that no timeout the validator
+// takes makes its default invalid.
+func TestOverlapDefaultFitsTimeout(t *testing.T) {
+	for timeout, want := range map[string]time.Duration{"50ms": time.Millisecond, "2ms": time.Millisecond, "1ms": 500 * time.Microsecond} {
+		c, err := Parse("t.yaml", []byte("redis: {timeout: "+timeout+"}\n"))
+		if err != nil {
+			t.Fatalf("timeout %s: %v", timeout, err)
+		}
+		if got := c.Redis.Coalesce.OverlapAfter; got != want {
+			t.Errorf("timeout %s: overlap_after %s, want %s", timeout, got, want)
+		}
+	}
+	c, err := Parse("t.yaml", []byte("redis: {url: \"redis://127.0.0.1:6379\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, s := c.Describe(), "up to 2 pipelines in flight, at most 128 decisions each, another alongside once those in flight have waited 1ms"; !strings.Contains(d, s) {
+		t.Errorf("Describe() does not say %q:\n%s", s, d)
 	}
 }
 

@@ -134,6 +134,7 @@ type rawCoalesce struct {
 	Pipelines opt[int64]
 	MaxBatch  opt[int64]
 	Wait      opt[time.Duration]
+	Overlap   opt[time.Duration]
 }
 
 func (c *rawCoalesce) fields() []field {
@@ -142,6 +143,7 @@ func (c *rawCoalesce) fields() []field {
 		{"pipelines", &c.Pipelines},
 		{"max_batch", &c.MaxBatch},
 		{"wait", &c.Wait},
+		{"overlap_after", &c.Overlap},
 	}
 }
 

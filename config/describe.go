@@ -121,6 +121,9 @@ func (r *Redis) describeCoalesce() string {
 	if c.Wait > 0 {
 		s += ", waiting up to " + FormatDuration(c.Wait) + " for more"
 	}
+	if c.Pipelines > 1 && c.OverlapAfter > 0 {
+		s += ", another alongside once those in flight have waited " + FormatDuration(c.OverlapAfter)
+	}
 	return s
 }
 

@@ -51,6 +51,7 @@ const (
 	defaultHostHeader   = "X-Original-Host"
 	defaultMaxCost      = 100
 	defaultPipelines    = 2
+	defaultOverlapAfter = time.Millisecond
 	defaultDenyCache    = 100_000
 	maxDenyCache        = 10_000_000
 	defaultMaxBatch     = 128
@@ -202,7 +203,8 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 // validateCoalesce checks redis.coalesce. Its wait is spent inside every
 // decision's budget, so it must leave most of redis.timeout for Redis.
 func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Duration) {
-	*out = Coalesce{Enabled: true, Pipelines: defaultPipelines, MaxBatch: defaultMaxBatch}
+	*out = Coalesce{Enabled: true, Pipelines: defaultPipelines, MaxBatch: defaultMaxBatch,
+		OverlapAfter: min(defaultOverlapAfter, timeout/2)}
 	if c.Bad {
 		return
 	}
@@ -228,6 +230,17 @@ func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Du
 			d.add(v.Line, "redis.coalesce.wait", "must be >= 0, got %s", FormatDuration(v.V))
 		case v.V > timeout/2:
 			d.add(v.Line, "redis.coalesce.wait", "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
+		}
+	}
+	// A stalled pipeline holds the calls after it for overlap_after: it
+	// too must leave most of redis.timeout for Redis.
+	if v := &c.Overlap; v.ok() {
+		out.OverlapAfter = v.V
+		switch {
+		case v.V < 0:
+			d.add(v.Line, "redis.coalesce.overlap_after", "must be >= 0, got %s", FormatDuration(v.V))
+		case v.V > timeout/2:
+			d.add(v.Line, "redis.coalesce.overlap_after", "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
 		}
 	}
 }

@@ -33,6 +33,14 @@ import (
 // makes a runner that found fewer than MaxBatch calls linger that long for
 // more before it sends.
 //
+// One pipeline at a time, while it is quick: a runner sends while another
+// pipeline is in flight only once that one has waited Overlap (a stalled
+// connection, a slow Redis) or a full batch is queued. Redis decides one
+// call after another either way; a pipeline that waits for the one before
+// it carries twice as many decisions, and every call of decide_many costs
+// Redis several µs whatever it holds. The other pipelines are there for
+// when a round trip stalls.
+//
 // Deadlines: a caller waits for its reply no longer than its own context
 // allows. A caller still queued when its deadline passes gives up without
 // being sent. A call abandoned after it was sent may still be run by
@@ -63,6 +71,10 @@ type CoalesceOptions struct {
 	// Wait is how long a runner that found fewer than MaxBatch decisions
 	// waits for more before sending. Default 0: send what is there.
 	Wait time.Duration
+	// Overlap is how long every pipeline in flight must have waited before
+	// a runner sends another alongside (a full batch goes at once). Default
+	// DefaultOverlap; negative: at once, as many as Pipelines.
+	Overlap time.Duration
 	// Timeout bounds a pipeline whose callers set no deadline. Default
 	// DefaultCoalesceTimeout.
 	Timeout time.Duration
@@ -82,6 +94,7 @@ const (
 	DefaultCoalesceTimeout = 3 * time.Second
 	DefaultLateGrace       = 2 * time.Second
 	DefaultBudget          = 50 * time.Millisecond
+	DefaultOverlap         = time.Millisecond
 )
 
 func (o CoalesceOptions) withDefaults() CoalesceOptions {
@@ -99,6 +112,9 @@ func (o CoalesceOptions) withDefaults() CoalesceOptions {
 	}
 	if o.Budget <= 0 {
 		o.Budget = DefaultBudget
+	}
+	if o.Overlap == 0 {
+		o.Overlap = DefaultOverlap
 	}
 	if o.Disabled {
 		// One script run per round trip, each on its own connection, as
@@ -251,8 +267,14 @@ type coalescer struct {
 	// ready holds a token while the queue may be non-empty: enqueue puts
 	// one, a runner that leaves calls behind puts it back.
 	ready chan struct{}
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// flying[i] is when runner i sent the pipeline it waits on, zero while
+	// it has none in flight.
+	flying []time.Time
+	// landed wakes the runner that holds the ready token back (see
+	// overlapWait): a pipeline came back, or a full batch is queued.
+	landed chan struct{}
+	stop   chan struct{}
+	wg     sync.WaitGroup
 
 	pipelines atomic.Uint64 // pipelines sent
 	sent      atomic.Uint64 // calls sent in them
@@ -303,12 +325,14 @@ func newCoalescer(parent context.Context, client pipeliner, script *redis.Script
 		late:   late,
 		queue:  make([]*scriptCall, 0, o.MaxBatch),
 		ready:  make(chan struct{}, 1),
+		flying: make([]time.Time, o.Pipelines),
+		landed: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
 	c.many.Store(many)
 	c.wg.Add(o.Pipelines)
-	for range o.Pipelines {
-		go c.run()
+	for i := range o.Pipelines {
+		go c.run(i)
 	}
 	return c
 }
@@ -331,16 +355,71 @@ func (c *coalescer) enqueue(call *scriptCall) bool {
 		return false
 	}
 	c.queue = append(c.queue, call)
+	full := len(c.queue) == c.opt.MaxBatch
 	c.mu.Unlock()
 	select {
 	case c.ready <- struct{}{}:
 	default:
 	}
+	if full {
+		c.wake()
+	}
 	return true
 }
 
-// run is one runner: take a batch, send it, repeat until closed.
-func (c *coalescer) run() {
+// wake tells a runner held back by overlapWait to look again.
+func (c *coalescer) wake() {
+	select {
+	case c.landed <- struct{}{}:
+	default:
+	}
+}
+
+// overlapWait is how long, from now, the runner holding the ready token
+// must still hold back because another pipeline is in flight (see
+// Overlap): 0 once none is, once every one in flight was sent Overlap ago,
+// or once a full batch is queued. Called with mu held.
+func (c *coalescer) overlapWait(now time.Time) time.Duration {
+	if c.opt.Overlap < 0 || len(c.queue) >= c.opt.MaxBatch {
+		return 0
+	}
+	var youngest time.Time
+	for _, t := range c.flying {
+		if t.After(youngest) {
+			youngest = t
+		}
+	}
+	if youngest.IsZero() {
+		return 0
+	}
+	return max(youngest.Add(c.opt.Overlap).Sub(now), 0)
+}
+
+// takeWhenFree takes runner i's batch (see take) once overlapWait lets
+// it, checked and taken under one lock, so that two runners cannot both
+// find the way clear; false when the coalescer stops meanwhile.
+func (c *coalescer) takeWhenFree(i int, timer *time.Timer, batch []*scriptCall) ([]*scriptCall, bool) {
+	for {
+		c.mu.Lock()
+		wait := c.overlapWait(time.Now())
+		if wait == 0 {
+			return c.takeLocked(i, batch), true
+		}
+		c.mu.Unlock()
+		timer.Reset(wait)
+		select {
+		case <-c.landed:
+		case <-timer.C:
+		case <-c.stop:
+			timer.Stop()
+			return batch, false
+		}
+		timer.Stop()
+	}
+}
+
+// run is runner i: take a batch, send it, repeat until closed.
+func (c *coalescer) run(i int) {
 	defer c.wg.Done()
 	pipe := c.client.Pipeline()
 	batch := make([]*scriptCall, 0, c.opt.MaxBatch)
@@ -350,13 +429,18 @@ func (c *coalescer) run() {
 		linger = time.NewTimer(time.Hour)
 		linger.Stop()
 	}
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
 	for {
 		select {
 		case <-c.ready:
 		case <-c.stop:
 			return
 		}
-		batch = c.take(batch[:0])
+		var ok bool
+		if batch, ok = c.takeWhenFree(i, hold, batch[:0]); !ok {
+			return
+		}
 		if linger != nil && len(batch) > 0 && len(batch) < c.opt.MaxBatch {
 			linger.Reset(c.opt.Wait)
 			select {
@@ -364,7 +448,7 @@ func (c *coalescer) run() {
 			case <-c.stop:
 				linger.Stop()
 			}
-			batch = c.take(batch)
+			batch = c.take(i, batch)
 		}
 		if len(batch) == 0 {
 			continue
@@ -372,18 +456,31 @@ func (c *coalescer) run() {
 		cmds = c.send(pipe, batch, cmds[:0])
 		clear(batch)
 		clear(cmds)
+		c.mu.Lock()
+		c.flying[i] = time.Time{}
+		c.mu.Unlock()
+		c.wake()
 	}
 }
 
-// take moves queued calls into batch, up to MaxBatch in all, and passes
-// the ready token on if some are left for another runner.
-func (c *coalescer) take(batch []*scriptCall) []*scriptCall {
+// take moves queued calls into runner i's batch, up to MaxBatch in all,
+// marks its pipeline in flight, and passes the ready token on if some are
+// left for another runner.
+func (c *coalescer) take(i int, batch []*scriptCall) []*scriptCall {
 	c.mu.Lock()
+	return c.takeLocked(i, batch)
+}
+
+// takeLocked is take, called with mu held; it unlocks mu.
+func (c *coalescer) takeLocked(i int, batch []*scriptCall) []*scriptCall {
 	n := min(len(c.queue), c.opt.MaxBatch-len(batch))
 	batch = append(batch, c.queue[:n]...)
 	rest := copy(c.queue, c.queue[n:])
 	clear(c.queue[rest:])
 	c.queue = c.queue[:rest]
+	if len(batch) > 0 && c.flying[i].IsZero() {
+		c.flying[i] = time.Now()
+	}
 	c.mu.Unlock()
 	c.taken.Add(uint64(n))
 	if rest > 0 {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -131,6 +132,104 @@ func TestCoalescedBatchesWhileBusy(t *testing.T) {
 	}
 	if calls := commandCalls(t, client); calls["fcall"] != 2 || calls["time"] != 2 {
 		t.Fatalf("commandstats fcall=%d time=%d, want 2 of each: the first call, then the %d as one", calls["fcall"], calls["time"], n)
+	}
+}
+
+// TestCoalescedOverlap: with two runners, a second pipeline leaves while
+// the first is in flight only once the first has waited Overlap (here a
+// frozen Redis: the stall the second connection is for), or at once when
+// a full batch is queued, or at once with a negative Overlap. Every call
+// is answered once Redis thaws.
+func TestCoalescedOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		overlap  time.Duration
+		maxBatch int
+		// queued is how many calls follow the first; minGap and maxGap
+		// bound when the second pipeline leaves after the first
+		queued         int
+		minGap, maxGap time.Duration
+	}{
+		{"after the overlap", 300 * time.Millisecond, 0, 1, 290 * time.Millisecond, 2 * time.Second},
+		{"full batch at once", 10 * time.Second, 4, 4, 0, time.Second},
+		{"negative: at once", -1, 0, 1, 0, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := testredis.StartControlled(t)
+			client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
+			store, err := New(client, "redis", CoalesceOptions{Pipelines: 2, Overlap: tc.overlap, MaxBatch: tc.maxBatch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := store.Warm(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rs.Freeze()
+			defer rs.Thaw()
+			errs := make(chan error, 1+tc.queued)
+			decide := func(key string) {
+				var r [1]limits.Result
+				_, err := store.Decide(ctx, oneCheck(key, 10), r[:])
+				errs <- err
+			}
+			go decide("co:{first}:fw")
+			waitTaken(t, store.co, 1)
+			first := time.Now()
+			for i := range tc.queued {
+				go decide(fmt.Sprintf("co:{q%d}:fw", i))
+			}
+			if tc.minGap > 50*time.Millisecond {
+				time.Sleep(50 * time.Millisecond)
+				if st, _ := store.Coalescing(); st.Pipelines != 1 {
+					t.Fatalf("50ms into the stall: %d pipelines sent, want the first alone", st.Pipelines)
+				}
+			}
+			waitTaken(t, store.co, uint64(1+tc.queued))
+			gap := time.Since(first)
+			if st, _ := store.Coalescing(); st.Pipelines != 2 {
+				t.Fatalf("%d pipelines sent, want 2: the first, then the queued calls together", st.Pipelines)
+			}
+			if gap < tc.minGap || gap > tc.maxGap {
+				t.Fatalf("the second pipeline left %v after the first, want between %v and %v", gap, tc.minGap, tc.maxGap)
+			}
+			rs.Thaw()
+			for range 1 + tc.queued {
+				if err := <-errs; err != nil {
+					t.Fatalf("call after the thaw: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestOverlapWait: how long the runner holding the ready token holds back,
+// from what is in flight: the youngest pipeline in flight counts, a full
+// queue or a negative Overlap sends at once, and nothing in flight is no
+// wait.
+func TestOverlapWait(t *testing.T) {
+	now := time.Now()
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		overlap time.Duration
+		flying  []time.Time
+		queued  int
+		want    time.Duration
+	}{
+		{"none in flight", ms, []time.Time{{}, {}}, 1, 0},
+		{"one young", 10 * ms, []time.Time{now.Add(-4 * ms), {}}, 1, 6 * ms},
+		{"youngest counts", 10 * ms, []time.Time{now.Add(-9 * ms), now.Add(-2 * ms), {}}, 1, 8 * ms},
+		{"waited enough", 10 * ms, []time.Time{now.Add(-11 * ms), {}}, 1, 0},
+		{"full batch", 10 * ms, []time.Time{now.Add(-1 * ms), {}}, 4, 0},
+		{"negative", -1, []time.Time{now.Add(-1 * ms), {}}, 1, 0},
+	} {
+		c := &coalescer{opt: CoalesceOptions{Overlap: tc.overlap, MaxBatch: 4}, flying: tc.flying, queue: make([]*scriptCall, tc.queued)}
+		if got := c.overlapWait(now); got != tc.want {
+			t.Errorf("%s: overlapWait %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -223,25 +223,24 @@ func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Du
 			d.add(v.Line, "redis.coalesce.max_batch", "must be between 1 and %d, got %d", maxBatch, v.V)
 		}
 	}
-	if v := &c.Wait; v.ok() {
-		out.Wait = v.V
-		switch {
-		case v.V < 0:
-			d.add(v.Line, "redis.coalesce.wait", "must be >= 0, got %s", FormatDuration(v.V))
-		case v.V > timeout/2:
-			d.add(v.Line, "redis.coalesce.wait", "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
-		}
+	// Both are spent inside a decision's budget (a stalled pipeline holds
+	// the calls behind it for overlap_after).
+	inBudget(d, &c.Wait, &out.Wait, "redis.coalesce.wait", timeout)
+	inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout)
+}
+
+// inBudget takes a wait spent inside a decision's budget into out, when
+// set: at least 0, at most half of redis.timeout.
+func inBudget(d *decoder, v *opt[time.Duration], out *time.Duration, field string, timeout time.Duration) {
+	if !v.ok() {
+		return
 	}
-	// A stalled pipeline holds the calls after it for overlap_after: it
-	// too must leave most of redis.timeout for Redis.
-	if v := &c.Overlap; v.ok() {
-		out.OverlapAfter = v.V
-		switch {
-		case v.V < 0:
-			d.add(v.Line, "redis.coalesce.overlap_after", "must be >= 0, got %s", FormatDuration(v.V))
-		case v.V > timeout/2:
-			d.add(v.Line, "redis.coalesce.overlap_after", "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
-		}
+	*out = v.V
+	switch {
+	case v.V < 0:
+		d.add(v.Line, field, "must be >= 0, got %s", FormatDuration(v.V))
+	case v.V > timeout/2:
+		d.add(v.Line, field, "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
 	}
 }
 

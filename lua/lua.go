@@ -130,6 +130,20 @@ func strip(name, src string) (string, error) {
 	return sb.String(), nil
 }
 
+// splitDriver cuts a driver file at its "@driver" line: the functions
+// above it, the body below, each stripped of comments.
+func splitDriver(name, src string) (fns, drv string, err error) {
+	cut := strings.Index(src, driverMarker)
+	if cut < 0 {
+		return "", "", fmt.Errorf("lua: %s has no %q line", name, driverMarker)
+	}
+	if fns, err = strip(name, src[:cut]); err != nil {
+		return "", "", err
+	}
+	drv, err = strip(name, src[cut:])
+	return fns, drv, err
+}
+
 // algorithm is one algorithm file's functions.
 type algorithm struct {
 	code int
@@ -271,15 +285,7 @@ func build(readFile source) (assembly, error) {
 	}
 	// decide.lua's functions (rg_one, rg_all) stand above its "@driver"
 	// line, its driver below.
-	cut := strings.Index(decideSrc, driverMarker)
-	if cut < 0 {
-		return assembly{}, fmt.Errorf("lua: decide.lua has no %q line", driverMarker)
-	}
-	decideFns, err := strip("decide.lua", decideSrc[:cut])
-	if err != nil {
-		return assembly{}, err
-	}
-	decideDrv, err := strip("decide.lua", decideSrc[cut:])
+	decideFns, decideDrv, err := splitDriver("decide.lua", decideSrc)
 	if err != nil {
 		return assembly{}, err
 	}
@@ -293,15 +299,7 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
-	cut = strings.Index(manySrc, driverMarker)
-	if cut < 0 {
-		return assembly{}, fmt.Errorf("lua: decide_many.lua has no %q line", driverMarker)
-	}
-	manyFns, err := strip("decide_many.lua", manySrc[:cut])
-	if err != nil {
-		return assembly{}, err
-	}
-	manyDrv, err := strip("decide_many.lua", manySrc[cut:])
+	manyFns, manyDrv, err := splitDriver("decide_many.lua", manySrc)
 	if err != nil {
 		return assembly{}, err
 	}

@@ -200,8 +200,9 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 	}
 }
 
-// validateCoalesce checks redis.coalesce. Its wait is spent inside every
-// decision's budget, so it must leave most of redis.timeout for Redis.
+// validateCoalesce checks redis.coalesce. Its wait and overlap_after are
+// spent inside every decision's budget, so they must leave most of
+// redis.timeout for Redis.
 func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Duration) {
 	*out = Coalesce{Enabled: true, Pipelines: defaultPipelines, MaxBatch: defaultMaxBatch,
 		OverlapAfter: min(defaultOverlapAfter, timeout/2)}

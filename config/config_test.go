@@ -291,6 +291,8 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`redis.coalesce.overlap_after: must be at most half of redis.timeout (20ms), got 11ms`}},
 		{"coalesce overlap negative", "redis: {coalesce: {overlap_after: -1ms}}\n",
 			[]string{`redis.coalesce.overlap_after: must be >= 0, got -1ms`}},
+		{"coalesce wait and overlap eat the budget", "redis: {timeout: 50ms, coalesce: {wait: 20ms, overlap_after: 10ms}}\n",
+			[]string{`redis.coalesce.overlap_after: plus wait (20ms) must be at most half of redis.timeout (50ms), got 10ms`}},
 		{"deny cache bound", "deny_cache: {max_entries: 0}\n",
 			[]string{`deny_cache.max_entries: must be >= 1, got 0`}},
 		{"coalesce unknown key", "redis: {coalesce: {pipeline: 4}}\n",
@@ -494,16 +496,20 @@ func TestDefaults(t *testing.T) {
 }
 
 // TestOverlapDefaultFitsTimeout: overlap_after's default, 1ms, is cut to
-// half of a shorter redis.timeout, so that no timeout the validator
-// takes makes its default invalid.
+// what half of redis.timeout leaves after wait, so that no timeout or wait
+// the validator takes makes its default invalid.
 func TestOverlapDefaultFitsTimeout(t *testing.T) {
-	for timeout, want := range map[string]time.Duration{"50ms": time.Millisecond, "2ms": time.Millisecond, "1ms": 500 * time.Microsecond} {
-		c, err := Parse("t.yaml", []byte("redis: {timeout: "+timeout+"}\n"))
+	for redis, want := range map[string]time.Duration{
+		"timeout: 50ms": time.Millisecond, "timeout: 2ms": time.Millisecond, "timeout: 1ms": 500 * time.Microsecond,
+		// a wait of the whole half leaves no room: the hold-back is off
+		"timeout: 50ms, coalesce: {wait: 25ms}": 0, "timeout: 50ms, coalesce: {wait: 24700us}": 300 * time.Microsecond,
+	} {
+		c, err := Parse("t.yaml", []byte("redis: {"+redis+"}\n"))
 		if err != nil {
-			t.Fatalf("timeout %s: %v", timeout, err)
+			t.Fatalf("%s: %v", redis, err)
 		}
 		if got := c.Redis.Coalesce.OverlapAfter; got != want {
-			t.Errorf("timeout %s: overlap_after %s, want %s", timeout, got, want)
+			t.Errorf("%s: overlap_after %s, want %s", redis, got, want)
 		}
 	}
 	c, err := Parse("t.yaml", []byte("redis: {url: \"redis://127.0.0.1:6379\"}\n"))

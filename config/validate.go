@@ -224,17 +224,30 @@ func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Du
 			d.add(v.Line, "redis.coalesce.max_batch", "must be between 1 and %d, got %d", maxBatch, v.V)
 		}
 	}
-	// Both are spent inside a decision's budget (a stalled pipeline holds
-	// the calls behind it for overlap_after).
-	inBudget(d, &c.Wait, &out.Wait, "redis.coalesce.wait", timeout)
-	inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout)
+	// Both are spent inside a decision's budget, one after the other (a
+	// call may wait out a stalled pipeline, then the linger): each, and
+	// their sum, at most half of redis.timeout. The default overlap_after
+	// gives way to a long wait.
+	half := timeout / 2
+	okWait := inBudget(d, &c.Wait, &out.Wait, "redis.coalesce.wait", timeout)
+	if !c.Overlap.Set {
+		out.OverlapAfter = max(min(defaultOverlapAfter, half-out.Wait), 0)
+	} else if inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout) && okWait &&
+		out.Wait+out.OverlapAfter > half {
+		d.add(c.Overlap.Line, "redis.coalesce.overlap_after", "plus wait (%s) must be at most half of redis.timeout (%s), got %s",
+			FormatDuration(out.Wait), FormatDuration(timeout), FormatDuration(out.OverlapAfter))
+	}
 }
 
 // inBudget takes a wait spent inside a decision's budget into out, when
-// set: at least 0, at most half of redis.timeout.
-func inBudget(d *decoder, v *opt[time.Duration], out *time.Duration, field string, timeout time.Duration) {
-	if !v.ok() {
-		return
+// set: at least 0, at most half of redis.timeout. It reports whether the
+// value (set or not) is valid.
+func inBudget(d *decoder, v *opt[time.Duration], out *time.Duration, field string, timeout time.Duration) bool {
+	if v.Bad {
+		return false
+	}
+	if !v.Set {
+		return true
 	}
 	*out = v.V
 	switch {
@@ -242,7 +255,10 @@ func inBudget(d *decoder, v *opt[time.Duration], out *time.Duration, field strin
 		d.add(v.Line, field, "must be >= 0, got %s", FormatDuration(v.V))
 	case v.V > timeout/2:
 		d.add(v.Line, field, "must be at most half of redis.timeout (%s), got %s", FormatDuration(timeout), FormatDuration(v.V))
+	default:
+		return true
 	}
+	return false
 }
 
 // validateTLS checks redis.tls. Files are named, not read: validation stays

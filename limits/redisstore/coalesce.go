@@ -33,13 +33,15 @@ import (
 // makes a runner that found fewer than MaxBatch calls linger that long for
 // more before it sends.
 //
-// One pipeline at a time, while it is quick: a runner sends while another
-// pipeline is in flight only once that one has waited Overlap (a stalled
-// connection, a slow Redis) or a full batch is queued. Redis decides one
-// call after another either way; a pipeline that waits for the one before
-// it carries twice as many decisions, and every call of decide_many costs
-// Redis several µs whatever it holds. The other pipelines are there for
-// when a round trip stalls.
+// One pipeline at a time, while it is quick: once batches carry two
+// decisions or more, a runner sends while another pipeline is in flight
+// only once that one has waited Overlap (a stalled connection) or a full
+// batch is queued. Redis decides one call after another either way; a
+// pipeline that waits for the one before it carries twice as many
+// decisions, and every call of decide_many costs Redis several µs whatever
+// it holds. The other pipelines are there for when a round trip stalls;
+// when two have stalled, the server is slow, and only full batches join
+// them (see overlapWait).
 //
 // Deadlines: a caller waits for its reply no longer than its own context
 // allows. A caller still queued when its deadline passes gives up without
@@ -50,7 +52,8 @@ import (
 // gives back what it committed (a refund): the caller was answered without
 // it, so it must not count. A reply that never comes is an unknown outcome
 // (counted: its units stay consumed until the window passes, never the
-// other way round). A slow pipeline holds one runner; the others go on.
+// other way round). A slow pipeline holds one runner; after Overlap the
+// others go on.
 
 // CoalesceOptions configures how a Redis store gathers decisions into
 // pipelines. The zero value of a field means its default.
@@ -267,11 +270,15 @@ type coalescer struct {
 	// ready holds a token while the queue may be non-empty: enqueue puts
 	// one, a runner that leaves calls behind puts it back.
 	ready chan struct{}
-	// flying[i] is when runner i sent the pipeline it waits on, zero while
-	// it has none in flight.
+	// flying[i] is when runner i took the batch it lingers over or waits
+	// on, zero while it has none (guarded by mu).
 	flying []time.Time
-	// landed wakes the runner that holds the ready token back (see
-	// overlapWait): a pipeline came back, or a full batch is queued.
+	// batchMean is the mean size of the last batches taken (a moving
+	// average, guarded by mu).
+	batchMean float64
+	// landed wakes a runner held back by overlapWait: a pipeline came
+	// back, or a full batch is queued. (With more than two runners, others
+	// held back look again when their timer fires.)
 	landed chan struct{}
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -326,8 +333,11 @@ func newCoalescer(parent context.Context, client pipeliner, script *redis.Script
 		queue:  make([]*scriptCall, 0, o.MaxBatch),
 		ready:  make(chan struct{}, 1),
 		flying: make([]time.Time, o.Pipelines),
-		landed: make(chan struct{}, 1),
-		stop:   make(chan struct{}),
+		// as if the last batches were single calls: no holding back
+		// until the load shows that batches grow
+		batchMean: 1,
+		landed:    make(chan struct{}, 1),
+		stop:      make(chan struct{}),
 	}
 	c.many.Store(many)
 	c.wg.Add(o.Pipelines)
@@ -375,21 +385,38 @@ func (c *coalescer) wake() {
 	}
 }
 
-// overlapWait is how long, from now, the runner holding the ready token
-// must still hold back because another pipeline is in flight (see
-// Overlap): 0 once none is, once every one in flight was sent Overlap ago,
-// or once a full batch is queued. Called with mu held.
+// overlapWait is how long, from now, a runner holding calls must still
+// hold back because another pipeline is in flight (see Overlap); 0: send.
+// It sends when none is in flight, when a full batch is queued, when the
+// last pipelines carried fewer than two decisions on average (waiting
+// would only delay each call by a round trip: with so few callers the
+// batch does not grow), and once every pipeline in flight has waited
+// Overlap, unless two of them have: then the server is slow, not one
+// connection, and each further pipeline would only add calls that end
+// past their deadlines (late replies, refunds). Called with mu held.
 func (c *coalescer) overlapWait(now time.Time) time.Duration {
 	if c.opt.Overlap < 0 || len(c.queue) >= c.opt.MaxBatch {
 		return 0
 	}
 	var youngest time.Time
+	stalled := 0
 	for _, t := range c.flying {
+		if t.IsZero() {
+			continue
+		}
 		if t.After(youngest) {
 			youngest = t
 		}
+		if now.Sub(t) >= c.opt.Overlap {
+			stalled++
+		}
 	}
-	if youngest.IsZero() {
+	switch {
+	case youngest.IsZero():
+		return 0
+	case stalled >= 2:
+		return c.opt.Overlap // until one comes back (landed), looking again now and then
+	case c.batchMean < 2:
 		return 0
 	}
 	return max(youngest.Add(c.opt.Overlap).Sub(now), 0)
@@ -480,6 +507,7 @@ func (c *coalescer) takeLocked(i int, batch []*scriptCall) []*scriptCall {
 	c.queue = c.queue[:rest]
 	if len(batch) > 0 && c.flying[i].IsZero() {
 		c.flying[i] = time.Now()
+		c.batchMean += (float64(len(batch)) - c.batchMean) / 8
 	}
 	c.mu.Unlock()
 	c.taken.Add(uint64(n))

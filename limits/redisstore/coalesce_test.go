@@ -135,24 +135,36 @@ func TestCoalescedBatchesWhileBusy(t *testing.T) {
 	}
 }
 
-// TestCoalescedOverlap: with two runners, a second pipeline leaves while
-// the first is in flight only once the first has waited Overlap (here a
-// frozen Redis: the stall the second connection is for), or at once when
-// a full batch is queued, or at once with a negative Overlap. Every call
-// is answered once Redis thaws.
+// primeBatches makes c's recent batches look like the load's of a busy
+// service (mean batch n), so that the hold-back engages at once.
+func primeBatches(c *coalescer, n float64) {
+	c.mu.Lock()
+	c.batchMean = n
+	c.mu.Unlock()
+}
+
+// TestCoalescedOverlap: with two runners and batches that grow by waiting,
+// a second pipeline leaves while the first is in flight only once the
+// first has waited Overlap (here a frozen Redis: the stall the second
+// connection is for), or at once when a full batch is queued, or at once
+// with a negative Overlap, or at once while the batches hold single calls
+// (few callers: waiting would not grow them). Every call is answered once
+// Redis thaws.
 func TestCoalescedOverlap(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		overlap  time.Duration
 		maxBatch int
+		mean     float64 // recent batches' mean size
 		// queued is how many calls follow the first; minGap and maxGap
 		// bound when the second pipeline leaves after the first
 		queued         int
 		minGap, maxGap time.Duration
 	}{
-		{"after the overlap", 300 * time.Millisecond, 0, 1, 290 * time.Millisecond, 2 * time.Second},
-		{"full batch at once", 10 * time.Second, 4, 4, 0, time.Second},
-		{"negative: at once", -1, 0, 1, 0, time.Second},
+		{"after the overlap", 300 * time.Millisecond, 0, 10, 1, 290 * time.Millisecond, 2 * time.Second},
+		{"full batch at once", 10 * time.Second, 4, 10, 4, 0, time.Second},
+		{"negative: at once", -1, 0, 10, 1, 0, time.Second},
+		{"single calls: at once", 10 * time.Second, 0, 1, 1, 0, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := testredis.StartControlled(t)
@@ -167,6 +179,7 @@ func TestCoalescedOverlap(t *testing.T) {
 			if err := store.Warm(ctx); err != nil {
 				t.Fatal(err)
 			}
+			primeBatches(store.co, tc.mean)
 			rs.Freeze()
 			defer rs.Thaw()
 			errs := make(chan error, 1+tc.queued)
@@ -205,10 +218,80 @@ func TestCoalescedOverlap(t *testing.T) {
 	}
 }
 
-// TestOverlapWait: how long the runner holding the ready token holds back,
-// from what is in flight: the youngest pipeline in flight counts, a full
-// queue or a negative Overlap sends at once, and nothing in flight is no
-// wait.
+// TestCoalescedStallHoldsBack: with three runners, once two pipelines have
+// stalled (a frozen Redis) the third does not follow them with the calls
+// that keep arriving (each would end past its deadline, as a late reply to
+// refund); once Redis thaws, it sends them.
+func TestCoalescedStallHoldsBack(t *testing.T) {
+	rs := testredis.StartControlled(t)
+	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
+	store, err := New(client, "redis", CoalesceOptions{Pipelines: 3, Overlap: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := store.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	primeBatches(store.co, 10)
+	rs.Freeze()
+	defer rs.Thaw()
+	errs := make(chan error, 3)
+	decide := func(key string) {
+		var r [1]limits.Result
+		_, err := store.Decide(ctx, oneCheck(key, 10), r[:])
+		errs <- err
+	}
+	go decide("co:{one}:fw")
+	waitTaken(t, store.co, 1)
+	go decide("co:{two}:fw")
+	waitTaken(t, store.co, 2) // after the first has waited 50ms
+	go decide("co:{three}:fw")
+	waitQueued(t, store.co, 1)
+	time.Sleep(300 * time.Millisecond) // both in flight have stalled for long
+	if st, _ := store.Coalescing(); st.Pipelines != 2 {
+		t.Fatalf("%d pipelines sent into a frozen Redis, want 2", st.Pipelines)
+	}
+	waitQueued(t, store.co, 1)
+	rs.Thaw()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("call after the thaw: %v", err)
+		}
+	}
+	if st, _ := store.Coalescing(); st.Pipelines != 3 {
+		t.Fatalf("%d pipelines after the thaw, want 3", st.Pipelines)
+	}
+}
+
+// TestBatchMeanFollowsTakes: the mean that turns the hold-back on follows
+// the batches taken: it passes 2 after a run of batches of ten and falls
+// below 2 again after a run of single calls.
+func TestBatchMeanFollowsTakes(t *testing.T) {
+	c := &coalescer{opt: CoalesceOptions{MaxBatch: 128}, flying: make([]time.Time, 2), ready: make(chan struct{}, 1), batchMean: 1}
+	run := func(size, times int) float64 {
+		for range times {
+			c.queue = make([]*scriptCall, size)
+			c.take(0, nil)
+			c.flying[0] = time.Time{}
+		}
+		return c.batchMean
+	}
+	if m := run(10, 8); m < 2 {
+		t.Fatalf("after 8 batches of 10 the mean is %.2f, want >= 2", m)
+	}
+	if m := run(1, 24); m >= 2 {
+		t.Fatalf("after 24 single calls the mean is %.2f, want < 2", m)
+	}
+}
+
+// TestOverlapWait: how long a runner holding calls holds back, from what
+// is in flight: the youngest pipeline in flight counts; a full queue, a
+// negative Overlap or batches of fewer than two calls on average send at
+// once; two stalled pipelines hold back all but a full batch; nothing in
+// flight is no wait.
 func TestOverlapWait(t *testing.T) {
 	now := time.Now()
 	ms := time.Millisecond
@@ -223,10 +306,18 @@ func TestOverlapWait(t *testing.T) {
 		{"one young", 10 * ms, []time.Time{now.Add(-4 * ms), {}}, 1, 6 * ms},
 		{"youngest counts", 10 * ms, []time.Time{now.Add(-9 * ms), now.Add(-2 * ms), {}}, 1, 8 * ms},
 		{"waited enough", 10 * ms, []time.Time{now.Add(-11 * ms), {}}, 1, 0},
+		{"two stalled", 10 * ms, []time.Time{now.Add(-11 * ms), now.Add(-30 * ms), {}}, 1, 10 * ms},
+		{"two stalled, full batch", 10 * ms, []time.Time{now.Add(-11 * ms), now.Add(-30 * ms), {}}, 4, 0},
 		{"full batch", 10 * ms, []time.Time{now.Add(-1 * ms), {}}, 4, 0},
 		{"negative", -1, []time.Time{now.Add(-1 * ms), {}}, 1, 0},
+		{"single calls", 10 * ms, []time.Time{now.Add(-1 * ms), {}}, 1, 0},
 	} {
-		c := &coalescer{opt: CoalesceOptions{Overlap: tc.overlap, MaxBatch: 4}, flying: tc.flying, queue: make([]*scriptCall, tc.queued)}
+		mean := 5.0 // batches that grow by waiting
+		if tc.name == "single calls" {
+			mean = 1.5
+		}
+		c := &coalescer{opt: CoalesceOptions{Overlap: tc.overlap, MaxBatch: 4}, flying: tc.flying, queue: make([]*scriptCall, tc.queued),
+			batchMean: mean}
 		if got := c.overlapWait(now); got != tc.want {
 			t.Errorf("%s: overlapWait %v, want %v", tc.name, got, tc.want)
 		}

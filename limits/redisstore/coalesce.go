@@ -40,8 +40,8 @@ import (
 // pipeline that waits for the one before it carries twice as many
 // decisions, and every call of decide_many costs Redis several µs whatever
 // it holds. The other pipelines are there for when a round trip stalls;
-// when two have stalled, the server is slow, and only full batches join
-// them (see overlapWait).
+// when two have stalled, the server is slow, and none joins them (see
+// overlapWait).
 //
 // Deadlines: a caller waits for its reply no longer than its own context
 // allows. A caller still queued when its deadline passes gives up without
@@ -123,8 +123,9 @@ func (o CoalesceOptions) withDefaults() CoalesceOptions {
 		// One script run per round trip, each on its own connection, as
 		// many at once as the pool allows (Open sets Pipelines to
 		// the pool size): the same runners, late replies and refunds as
-		// with coalescing, none of the sharing.
+		// with coalescing, none of the sharing (and no holding back).
 		o.MaxBatch = 1
+		o.Overlap = -1
 		if o.Pipelines == DefaultPipelines {
 			o.Pipelines = 10 * runtime.GOMAXPROCS(0)
 		}
@@ -387,15 +388,16 @@ func (c *coalescer) wake() {
 
 // overlapWait is how long, from now, a runner holding calls must still
 // hold back because another pipeline is in flight (see Overlap); 0: send.
-// It sends when none is in flight, when a full batch is queued, when the
-// last pipelines carried fewer than two decisions on average (waiting
-// would only delay each call by a round trip: with so few callers the
-// batch does not grow), and once every pipeline in flight has waited
-// Overlap, unless two of them have: then the server is slow, not one
-// connection, and each further pipeline would only add calls that end
-// past their deadlines (late replies, refunds). Called with mu held.
+// Once two pipelines in flight have waited Overlap, the server is slow,
+// not one connection: nothing joins them (each call sent would end past
+// its deadline, a late reply to refund) until one comes back. Otherwise
+// it sends when none is in flight, when a full batch is queued, when the
+// last batches carried fewer than two decisions on average (waiting would
+// only delay each call by a round trip: with so few callers the batch
+// does not grow), and once every pipeline in flight has waited Overlap.
+// Called with mu held.
 func (c *coalescer) overlapWait(now time.Time) time.Duration {
-	if c.opt.Overlap < 0 || len(c.queue) >= c.opt.MaxBatch {
+	if c.opt.Overlap < 0 {
 		return 0
 	}
 	var youngest time.Time
@@ -416,7 +418,7 @@ func (c *coalescer) overlapWait(now time.Time) time.Duration {
 		return 0
 	case stalled >= 2:
 		return c.opt.Overlap // until one comes back (landed), looking again now and then
-	case c.batchMean < 2:
+	case len(c.queue) >= c.opt.MaxBatch, c.batchMean < 2:
 		return 0
 	}
 	return max(youngest.Add(c.opt.Overlap).Sub(now), 0)

@@ -290,7 +290,7 @@ func TestBatchMeanFollowsTakes(t *testing.T) {
 // TestOverlapWait: how long a runner holding calls holds back, from what
 // is in flight: the youngest pipeline in flight counts; a full queue, a
 // negative Overlap or batches of fewer than two calls on average send at
-// once; two stalled pipelines hold back all but a full batch; nothing in
+// once; two stalled pipelines hold back even a full batch; nothing in
 // flight is no wait.
 func TestOverlapWait(t *testing.T) {
 	now := time.Now()
@@ -307,7 +307,8 @@ func TestOverlapWait(t *testing.T) {
 		{"youngest counts", 10 * ms, []time.Time{now.Add(-9 * ms), now.Add(-2 * ms), {}}, 1, 8 * ms},
 		{"waited enough", 10 * ms, []time.Time{now.Add(-11 * ms), {}}, 1, 0},
 		{"two stalled", 10 * ms, []time.Time{now.Add(-11 * ms), now.Add(-30 * ms), {}}, 1, 10 * ms},
-		{"two stalled, full batch", 10 * ms, []time.Time{now.Add(-11 * ms), now.Add(-30 * ms), {}}, 4, 0},
+		{"two stalled, full batch", 10 * ms, []time.Time{now.Add(-11 * ms), now.Add(-30 * ms), {}}, 4, 10 * ms},
+		{"one stalled, full batch", 10 * ms, []time.Time{now.Add(-30 * ms), now.Add(-1 * ms), {}}, 4, 0},
 		{"full batch", 10 * ms, []time.Time{now.Add(-1 * ms), {}}, 4, 0},
 		{"negative", -1, []time.Time{now.Add(-1 * ms), {}}, 1, 0},
 		{"single calls", 10 * ms, []time.Time{now.Add(-1 * ms), {}}, 1, 0},
@@ -321,6 +322,11 @@ func TestOverlapWait(t *testing.T) {
 		if got := c.overlapWait(now); got != tc.want {
 			t.Errorf("%s: overlapWait %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	// Coalescing off: one call per round trip, as many at once as there
+	// are runners; nothing holds back.
+	if o := (CoalesceOptions{Disabled: true}).withDefaults(); o.Overlap >= 0 {
+		t.Errorf("coalescing off: Overlap %v, want negative (no holding back)", o.Overlap)
 	}
 }
 

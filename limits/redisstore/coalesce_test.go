@@ -56,9 +56,15 @@ func waitQueued(t *testing.T, c *coalescer, n int) {
 // closes the store when it needs to; otherwise cleanup does.
 func oneRunnerStore(t *testing.T) (*testredis.Controlled, *redis.Client, *Store) {
 	t.Helper()
+	return controlledStore(t, CoalesceOptions{Pipelines: 1})
+}
+
+// controlledStore is oneRunnerStore with the coalescing options o.
+func controlledStore(t *testing.T, o CoalesceOptions) (*testredis.Controlled, *redis.Client, *Store) {
+	t.Helper()
 	rs := testredis.StartControlled(t)
 	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-	store, err := New(client, "redis", CoalesceOptions{Pipelines: 1})
+	store, err := New(client, "redis", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,18 +173,9 @@ func TestCoalescedOverlap(t *testing.T) {
 		{"single calls: at once", 10 * time.Second, 0, 1, 1, 0, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs := testredis.StartControlled(t)
-			client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-			store, err := New(client, "redis", CoalesceOptions{Pipelines: 2, Overlap: tc.overlap, MaxBatch: tc.maxBatch})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer store.Close()
+			rs, _, store := controlledStore(t, CoalesceOptions{Pipelines: 2, Overlap: tc.overlap, MaxBatch: tc.maxBatch})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			if err := store.Warm(ctx); err != nil {
-				t.Fatal(err)
-			}
 			primeBatches(store.co, tc.mean)
 			rs.Freeze()
 			defer rs.Thaw()
@@ -223,18 +220,9 @@ func TestCoalescedOverlap(t *testing.T) {
 // that keep arriving (each would end past its deadline, as a late reply to
 // refund); once Redis thaws, it sends them.
 func TestCoalescedStallHoldsBack(t *testing.T) {
-	rs := testredis.StartControlled(t)
-	client := redis.NewClient(&redis.Options{Addr: rs.Addr, ContextTimeoutEnabled: true})
-	store, err := New(client, "redis", CoalesceOptions{Pipelines: 3, Overlap: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rs, _, store := controlledStore(t, CoalesceOptions{Pipelines: 3, Overlap: 50 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := store.Warm(ctx); err != nil {
-		t.Fatal(err)
-	}
 	primeBatches(store.co, 10)
 	rs.Freeze()
 	defer rs.Thaw()

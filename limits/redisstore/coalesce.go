@@ -75,8 +75,9 @@ type CoalesceOptions struct {
 	// waits for more before sending. Default 0: send what is there.
 	Wait time.Duration
 	// Overlap is how long every pipeline in flight must have waited before
-	// a runner sends another alongside (a full batch goes at once). Default
-	// DefaultOverlap; negative: at once, as many as Pipelines.
+	// a runner sends another alongside (overlapWait says when it need not
+	// wait, and when it waits longer). Default DefaultOverlap; negative: at
+	// once, as many as Pipelines.
 	Overlap time.Duration
 	// Timeout bounds a pipeline whose callers set no deadline. Default
 	// DefaultCoalesceTimeout.

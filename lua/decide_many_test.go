@@ -79,7 +79,13 @@ type entry struct {
 // the call's instant or does not split into len(ds) entries fails t.
 func decideMany(t *testing.T, client *redis.Client, lib FunctionLibrary, keys []string, args []any, entries []entry) []any {
 	t.Helper()
-	flat, err := client.FCall(context.Background(), lib.DecideMany, keys, args...).Slice()
+	return splitMany(t, client.FCall(context.Background(), lib.DecideMany, keys, args...), entries)
+}
+
+// splitMany is decideMany's split of a DecideMany reply, however sent.
+func splitMany(t *testing.T, cmd *redis.Cmd, entries []entry) []any {
+	t.Helper()
+	flat, err := cmd.Slice()
 	if err != nil {
 		t.Fatalf("DecideMany: %v", err)
 	}
@@ -155,8 +161,32 @@ func inSpace(space string) func(string) string {
 // (each of decide_many.lua's three forms of a decision).
 func TestDecideManyMatchesOneByOne(t *testing.T) {
 	client, lib := withLibrary(t)
+	for _, way := range manyWays(client, lib) {
+		t.Run(way.name, func(t *testing.T) { matchOneByOne(t, client, lib, way) })
+	}
+}
+
+// manyWay is one way of sending a DecideMany call: FCALL of the library's
+// function, or EVALSHA of DecideManyScript (servers without functions).
+type manyWay struct {
+	name string
+	call func(keys []string, args []any) *redis.Cmd
+}
+
+func manyWays(client *redis.Client, lib FunctionLibrary) []manyWay {
+	ctx := context.Background()
+	return []manyWay{
+		{"fcall", func(keys []string, args []any) *redis.Cmd { return client.FCall(ctx, lib.DecideMany, keys, args...) }},
+		{"evalsha", func(keys []string, args []any) *redis.Cmd { return DecideManyScript.Run(ctx, client, keys, args...) }},
+	}
+}
+
+// matchOneByOne is TestDecideManyMatchesOneByOne's comparison, with the
+// batches sent way's way (in key spaces of its own).
+func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way manyWay) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
+	ms, os := "m"+way.name, "o"+way.name
 	now := time.Now().UnixMicro()
 	period := int64(10_000_000)
 	decision := func(at int64) manyDecision {
@@ -188,10 +218,10 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 			}
 			ds = append(ds, decision(at))
 		}
-		keys, args := manyArgs(inSpace("m"), ds)
-		got := decideMany(t, client, lib, keys, args, entriesOf(ds))
+		keys, args := manyArgs(inSpace(ms), ds)
+		got := splitMany(t, way.call(keys, args), entriesOf(ds))
 		for i, d := range ds {
-			k, _ := manyArgs(inSpace("o"), []manyDecision{d})
+			k, _ := manyArgs(inSpace(os), []manyDecision{d})
 			argv := d.argv
 			if argv[0] == int64(0) {
 				// decided on the Redis clock: replayed at the instant it
@@ -217,17 +247,18 @@ func TestDecideManyMatchesOneByOne(t *testing.T) {
 		names = append(names, fmt.Sprintf("all%d", i), a.fn+"0", a.fn+"1")
 	}
 	for _, n := range names {
-		m := client.HGetAll(ctx, "rg:{m}:"+n).Val()
-		o := client.HGetAll(ctx, "rg:{o}:"+n).Val()
-		zm := client.ZRangeWithScores(ctx, "rg:{m}:"+n, 0, -1)
-		zo := client.ZRangeWithScores(ctx, "rg:{o}:"+n, 0, -1)
+		km, ko := inSpace(ms)(n), inSpace(os)(n)
+		m := client.HGetAll(ctx, km).Val()
+		o := client.HGetAll(ctx, ko).Val()
+		zm := client.ZRangeWithScores(ctx, km, 0, -1)
+		zo := client.ZRangeWithScores(ctx, ko, 0, -1)
 		if !reflect.DeepEqual(m, o) || !reflect.DeepEqual(zm.Val(), zo.Val()) {
 			t.Fatalf("key %s: DecideMany left %v %v, Decide %v %v", n, m, zm.Val(), o, zo.Val())
 		}
 		// The same expiry, up to the few milliseconds between the calls
 		// (-1: none, -2: no key).
-		tm := client.PTTL(ctx, "rg:{m}:"+n).Val()
-		to := client.PTTL(ctx, "rg:{o}:"+n).Val()
+		tm := client.PTTL(ctx, km).Val()
+		to := client.PTTL(ctx, ko).Val()
 		if (tm < 0 || to < 0) && tm != to || (tm-to).Abs() > 200*time.Millisecond {
 			t.Fatalf("key %s: DecideMany left a TTL of %v, Decide %v", n, tm, to)
 		}
@@ -325,46 +356,48 @@ func TestDecideManyLongReply(t *testing.T) {
 	now := time.Now().UnixMicro()
 	fw := [5]int64{1, 2, 60_000_000, 2, 1}
 	sized := map[bool]bool{}
-	for _, m := range []int{950, 1001, 1200} {
-		space := inSpace(fmt.Sprintf("l%d", m))
-		if err := client.RPush(ctx, space("list"), "x").Err(); err != nil {
-			t.Fatal(err)
-		}
-		var ds []manyDecision
-		values := 1 // the reply's length were every decision to answer
-		for i := range m {
-			switch {
-			case i%97 == 5:
-				ds = append(ds, manyDecision{[]string{"list"}, decideArgv(0, fw)})
-				values += 4
-			case i%101 == 7 || i == m-1:
-				// last: a failing decision that wrote values before its error
-				ds = append(ds, manyDecision{[]string{fmt.Sprint(i), "list"}, decideArgv(now, fw, fw)})
-				values += 10
-			default:
-				ds = append(ds, manyDecision{[]string{fmt.Sprint(i % 500)}, decideArgv(0, fw)})
-				values += 4
+	for _, way := range manyWays(client, lib) {
+		for _, m := range []int{950, 1001, 1200} {
+			space := inSpace(fmt.Sprintf("l%d%s", m, way.name))
+			if err := client.RPush(ctx, space("list"), "x").Err(); err != nil {
+				t.Fatal(err)
 			}
-		}
-		sized[values <= 4000] = true
-		keys, args := manyArgs(space, ds)
-		got := decideMany(t, client, lib, keys, args, entriesOf(ds)) // fails on a value too many or short
-		seen := map[string]int64{}
-		for i, d := range ds {
-			e, isErr := got[i].(redis.Error)
-			if d.keys[len(d.keys)-1] == "list" {
-				if !isErr || !strings.Contains(e.Error(), "WRONGTYPE") {
-					t.Fatalf("m=%d, decision %d: %v, want WRONGTYPE", m, i, got[i])
+			var ds []manyDecision
+			values := 1 // the reply's length were every decision to answer
+			for i := range m {
+				switch {
+				case i%97 == 5:
+					ds = append(ds, manyDecision{[]string{"list"}, decideArgv(0, fw)})
+					values += 4
+				case i%101 == 7 || i == m-1:
+					// last: a failing decision that wrote values before its error
+					ds = append(ds, manyDecision{[]string{fmt.Sprint(i), "list"}, decideArgv(now, fw, fw)})
+					values += 10
+				default:
+					ds = append(ds, manyDecision{[]string{fmt.Sprint(i % 500)}, decideArgv(0, fw)})
+					values += 4
 				}
-				continue
 			}
-			// limit 2 per key: the first two decisions on a key admitted
-			want := int64(0)
-			if seen[d.keys[0]]++; seen[d.keys[0]] <= 2 {
-				want = 1
-			}
-			if r, ok := got[i].([]any); !ok || r[0] != want {
-				t.Fatalf("m=%d, decision %d on %s: %v, want admitted = %d", m, i, d.keys[0], got[i], want)
+			sized[values <= 4000] = true
+			keys, args := manyArgs(space, ds)
+			got := splitMany(t, way.call(keys, args), entriesOf(ds)) // fails on a value too many or short
+			seen := map[string]int64{}
+			for i, d := range ds {
+				e, isErr := got[i].(redis.Error)
+				if d.keys[len(d.keys)-1] == "list" {
+					if !isErr || !strings.Contains(e.Error(), "WRONGTYPE") {
+						t.Fatalf("%s, m=%d, decision %d: %v, want WRONGTYPE", way.name, m, i, got[i])
+					}
+					continue
+				}
+				// limit 2 per key: the first two decisions on a key admitted
+				want := int64(0)
+				if seen[d.keys[0]]++; seen[d.keys[0]] <= 2 {
+					want = 1
+				}
+				if r, ok := got[i].([]any); !ok || r[0] != want {
+					t.Fatalf("%s, m=%d, decision %d on %s: %v, want admitted = %d", way.name, m, i, d.keys[0], got[i], want)
+				}
 			}
 		}
 	}

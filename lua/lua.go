@@ -59,7 +59,7 @@ type FunctionLibrary struct {
 	// Decide, DecideMany and Refund are the function names: Name +
 	// "_decide", "_decide_many" and "_refund" (function names are global on
 	// a server). DecideMany takes several decisions in one call
-	// (decide_many.lua); the scripts have no twin of it.
+	// (decide_many.lua; DecideManyScript is its twin).
 	Decide, DecideMany, Refund string
 }
 
@@ -71,6 +71,10 @@ var built = mustBuild()
 var (
 	// DecideScript decides one request's checks all-or-nothing (decide.lua).
 	DecideScript = redis.NewScript(built.decide)
+	// DecideManyScript is the library's decide_many as a script, for
+	// servers that do not run functions: several requests' decisions in
+	// one call, each exactly as DecideScript would (decide_many.lua).
+	DecideManyScript = redis.NewScript(built.decideMany)
 	// RefundScript gives back what admitted slots of a denied request took
 	// on Redis Cluster (refund.lua).
 	RefundScript = redis.NewScript(built.refund)
@@ -93,8 +97,8 @@ func Lease() (string, error) { return built.lease, nil }
 func Library() FunctionLibrary { return built.lib }
 
 type assembly struct {
-	decide, refund, lease string
-	lib                   FunctionLibrary
+	decide, decideMany, refund, lease string
+	lib                               FunctionLibrary
 }
 
 func mustBuild() assembly {
@@ -304,32 +308,23 @@ func build(readFile source) (assembly, error) {
 		return assembly{}, err
 	}
 
-	// The decide script defines only the algorithms its call uses: Redis
-	// runs a script's whole top level on every EVALSHA, and each function
-	// definition is an allocation. Each algorithm's part sits in a block
-	// that runs only when its code is in ARGV, its three functions assigned
-	// to locals declared outside the block.
+	// The decide script: its checks' algorithm codes are every sixth
+	// argument from the second.
 	var d strings.Builder
 	d.WriteString("-- rategate decide script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
-	var used, scan []string
-	for _, a := range algos {
-		used = append(used, fmt.Sprintf("rg_u%d", a.code))
-		scan = append(scan, fmt.Sprintf("c == %d then rg_u%d = true", a.code, a.code))
-	}
-	fmt.Fprintf(&d, "local %s\nfor i = 2, #ARGV, 6 do\n  local c = tonumber(ARGV[i])\n  if %s end\nend\n\n",
-		strings.Join(used, ", "), strings.Join(scan, " elseif "))
-	for _, a := range algos {
-		fmt.Fprintf(&d, "local %[1]s, %[1]s_put\nif rg_u%[2]d then\n", a.fn, a.code)
-		body := a.body
-		for _, f := range []string{a.fn, a.fn + "_put"} {
-			body = strings.Replace(body, "local function "+f+"(", "function "+f+"(", 1)
-		}
-		d.WriteString(body)
-		d.WriteString("end\n\n")
-	}
-	dispatch(&d, algos)
+	lazyAlgorithms(&d, algos, "for i = 2, #ARGV, 6 do")
 	d.WriteString(decideFns)
 	d.WriteString(decideDrv)
+
+	// The decide_many script, for servers that do not run functions: the
+	// library's decide_many as a script, its codes in its shapes (every
+	// sixth argument from the third, r of them; the body checks r).
+	var dm strings.Builder
+	dm.WriteString("-- rategate decide_many script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	lazyAlgorithms(&dm, algos, "for i = 3, 2 + 6 * math.min(tonumber(ARGV[2]) or 0, (#ARGV - 2) / 6), 6 do")
+	dm.WriteString(decideFns)
+	dm.WriteString(manyFns)
+	dm.WriteString(manyDrv)
 
 	var r strings.Builder
 	r.WriteString("-- rategate refund script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
@@ -384,5 +379,31 @@ func build(readFile source) (assembly, error) {
 		"redis.register_function('%s', rg_decide)\nredis.register_function('%s', rg_decide_many)\nredis.register_function('%s', rg_refund)\n",
 		lib.Name, code, lib.Decide, lib.DecideMany, lib.Refund)
 
-	return assembly{decide: d.String(), refund: r.String(), lease: ls.String(), lib: lib}, nil
+	return assembly{decide: d.String(), decideMany: dm.String(), refund: r.String(), lease: ls.String(), lib: lib}, nil
+}
+
+// lazyAlgorithms writes the algorithms and their dispatch so that a
+// script defines only those its call uses: Redis runs a script's whole top
+// level on every EVALSHA, and each function definition is an allocation.
+// Each algorithm's part sits in a block that runs only when its code is
+// among the arguments loop visits (a Lua for line; the loop's body reads
+// ARGV[i]), its functions assigned to locals declared outside the block.
+func lazyAlgorithms(sb *strings.Builder, algos []algorithm, loop string) {
+	var used, scan []string
+	for _, a := range algos {
+		used = append(used, fmt.Sprintf("rg_u%d", a.code))
+		scan = append(scan, fmt.Sprintf("c == %d then rg_u%d = true", a.code, a.code))
+	}
+	fmt.Fprintf(sb, "local %s\n%s\n  local c = tonumber(ARGV[i])\n  if %s end\nend\n\n",
+		strings.Join(used, ", "), loop, strings.Join(scan, " elseif "))
+	for _, a := range algos {
+		fmt.Fprintf(sb, "local %[1]s, %[1]s_put\nif rg_u%[2]d then\n", a.fn, a.code)
+		body := a.body
+		for _, f := range []string{a.fn, a.fn + "_put"} {
+			body = strings.Replace(body, "local function "+f+"(", "function "+f+"(", 1)
+		}
+		sb.WriteString(body)
+		sb.WriteString("end\n\n")
+	}
+	dispatch(sb, algos)
 }

@@ -116,7 +116,8 @@ func BenchmarkShipping(b *testing.B) {
 			name string
 			cmd  string
 			src  string
-		}{{"fcall", "fcall", ""}, {"fcall_many", "fcall", ""}, {"evalsha", "evalsha", built.decide}, {"evalsha_eager", "evalsha", eagerDecide(b, "")}}
+		}{{"fcall", "fcall", ""}, {"fcall_many", "fcall", ""}, {"evalsha", "evalsha", built.decide}, {"evalsha_many", "evalsha", built.decideMany},
+			{"evalsha_eager", "evalsha", eagerDecide(b, "")}}
 		if len(sh.checks) == 1 {
 			variants = append(variants, struct{ name, cmd, src string }{"evalsha_solo", "evalsha", eagerDecide(b, sh.name)})
 		}
@@ -136,7 +137,7 @@ func BenchmarkShipping(b *testing.B) {
 				for lo := 0; lo < b.N; lo += benchBatch {
 					p := client.Pipeline()
 					var cmds []*redis.Cmd
-					if v.name == "fcall_many" {
+					if v.name == "fcall_many" || v.name == "evalsha_many" {
 						// the batch's decisions as one call of DecideMany
 						hi := min(lo+benchBatch, b.N)
 						decisions, calls = decisions+hi-lo, calls+1
@@ -145,9 +146,13 @@ func BenchmarkShipping(b *testing.B) {
 							ds = append(ds, manyDecision{keysOf(i), args})
 						}
 						keys, many := manyArgs(func(k string) string { return k }, ds)
-						cmds = append(cmds, p.FCall(ctx, lib.DecideMany, keys, many...))
+						if sha != "" {
+							cmds = append(cmds, p.EvalSha(ctx, sha, keys, many...))
+						} else {
+							cmds = append(cmds, p.FCall(ctx, lib.DecideMany, keys, many...))
+						}
 					}
-					for i := lo; i < min(lo+benchBatch, b.N) && v.name != "fcall_many"; i++ {
+					for i := lo; i < min(lo+benchBatch, b.N) && !strings.HasSuffix(v.name, "_many"); i++ {
 						if sha != "" {
 							cmds = append(cmds, p.EvalSha(ctx, sha, keysOf(i), args...))
 						} else {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/lua"
 )
 
 // This file gathers concurrent decisions into Redis pipelines.
@@ -20,9 +22,10 @@ import (
 // mostly idle and costs the client a write and a read system call, a pool
 // checkout and a goroutine wake-up per decision. A pipeline carries many
 // decisions in one write and brings their replies back in one read: on a
-// single server as one FCALL of DecideMany (see sendMany), on a Redis
-// Cluster node (and with EVALSHA) as one script call each. Redis still
-// decides each on its own, atomically, exactly once.
+// single server as one FCALL of DecideMany (see sendMany), or one EVALSHA
+// of its twin script where the server does not run functions; on a Redis
+// Cluster node as one script call each. Redis still decides each on its
+// own, atomically, exactly once.
 //
 // How it gathers: callers append to one queue; a fixed number of runners
 // (Pipelines) each take everything queued (up to MaxBatch), send it as one
@@ -555,7 +558,7 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	defer cancel()
 	c.pipelines.Add(1)
 	c.sent.Add(uint64(len(live)))
-	if len(live) > 1 && c.many.Load() && !c.fn.eval.Load() && c.sendMany(ctx, pipe, live) {
+	if len(live) > 1 && c.many.Load() && c.sendMany(ctx, pipe, live) {
 		return cmds
 	}
 	for _, call := range live {
@@ -625,7 +628,8 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 }
 
 // sendMany sends live as one FCALL of the library's DecideMany
-// (lua/decide_many.lua) and delivers to every call its decide reply, or
+// (lua/decide_many.lua), or as one EVALSHA of its twin DecideManyScript on
+// a server that does not run functions, and delivers to every call its decide reply, or
 // its error, from the flat reply (in order; a bare one completed with its
 // admitted and the call's instant, as decide.lua answers): Redis runs the
 // calls' decisions one after another inside one call, so it reads one
@@ -635,22 +639,32 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 // call's alone, and an error of the whole call (a timeout, a lost
 // connection) is every call's, an unknown outcome as for any pipeline. It
 // reports false, having sent nothing that ran, when the server turned out
-// not to run functions (the calls are then sent one by one, as EVALSHA)
-// or to refuse keys of several slots in one call.
+// not to run functions (the calls are then sent one by one, as EVALSHA,
+// and later batches as DecideManyScript) or to refuse keys of several
+// slots in one call.
 func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall) bool {
 	keys, args, ok := manyArgs(live)
 	if !ok {
 		return false // not a decide call's shape: send them as they are
 	}
 	// As in send: a missing library is loaded and the call sent again, a
-	// server that will not run functions is left to EVALSHA, and a call
-	// that could not be written is sent once more. A server that refuses
-	// keys of several slots in one call (a Redis Cluster node reached as a
+	// server that will not run functions is left to EVALSHA, a script the
+	// server lacks is sent as EVAL (which caches it), and a call that
+	// could not be written is sent once more. A server that refuses keys
+	// of several slots in one call (a Redis Cluster node reached as a
 	// single server) gets one call per decision from then on. None of
 	// these ran anything.
 	var cmd *redis.Cmd
+	noScript := false
 	for attempt := 0; ; attempt++ {
-		cmd = pipe.FCall(ctx, c.fn.lib.DecideMany, keys, args...)
+		switch {
+		case !c.fn.eval.Load():
+			cmd = pipe.FCall(ctx, c.fn.lib.DecideMany, keys, args...)
+		case noScript:
+			cmd = lua.DecideManyScript.Eval(ctx, pipe, keys, args...)
+		default:
+			cmd = lua.DecideManyScript.EvalSha(ctx, pipe, keys, args...)
+		}
 		_, _ = pipe.Exec(ctx)
 		err := cmd.Err()
 		if err == nil {
@@ -666,6 +680,10 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 		}
 		if attempt == 2 {
 			break
+		}
+		if isNoScript(err) {
+			noScript = true
+			continue
 		}
 		if isNoFunction(err) {
 			if c.fn.load(ctx, c.client) != nil {

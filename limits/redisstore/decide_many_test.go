@@ -168,6 +168,21 @@ func TestBatchWithoutFCALL(t *testing.T) {
 	if n := logs.count("Redis Functions are not available"); n != 1 {
 		t.Fatalf("%d log lines about the fallback, want 1", n)
 	}
+	// From then on a batch is one call of DecideManyScript: EVAL the first
+	// time (the server lacks the script: NOSCRIPT, then EVAL, which
+	// caches it), EVALSHA after that; each decided as one by one.
+	for i, want := range []map[string]int64{{"evalsha": 1, "eval": 1}, {"evalsha": 1, "eval": 0}} {
+		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprintf("bm:{e%d}:fw", i)
+		if admitted, errs := sendBatch(t, s, sameCalls(t, ctx, 8, key, 5)); admitted != 5 || len(errs) != 0 {
+			t.Fatalf("batch %d: admitted %d of 8 with limit 5, errors %v", i+2, admitted, errs)
+		}
+		if c := commandCalls(t, admin); c["evalsha"] != want["evalsha"] || c["eval"] != want["eval"] || c["fcall"] != 0 {
+			t.Fatalf("batch %d: commandstats evalsha=%d eval=%d fcall=%d, want %v: the 8 decisions in one script call", i+2, c["evalsha"], c["eval"], c["fcall"], want)
+		}
+	}
 }
 
 // TestBatchOfManyShapes: one batch whose checks use several rules (limits

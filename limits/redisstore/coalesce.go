@@ -629,12 +629,12 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 
 // sendMany sends live as one FCALL of the library's DecideMany
 // (lua/decide_many.lua), or as one EVALSHA of its twin DecideManyScript on
-// a server that does not run functions, and delivers to every call its decide reply, or
-// its error, from the flat reply (in order; a bare one completed with its
-// admitted and the call's instant, as decide.lua answers): Redis runs the
-// calls' decisions one after another inside one call, so it reads one
-// command, looks up one function and reads TIME once for the whole
-// batch. The same replies come back as from one FCALL each at one
+// a server that does not run functions, and delivers to every call its
+// decide reply, or its error, from the flat reply (in order; a bare one
+// completed with its admitted and the call's instant, as decide.lua
+// answers): Redis runs the calls' decisions one after another inside one
+// call, so it reads one command, looks up one function and reads TIME
+// once for the whole batch. The same replies come back as from one FCALL each at one
 // instant, and the same error codes: one decision's error reply is that
 // call's alone, and an error of the whole call (a timeout, a lost
 // connection) is every call's, an unknown outcome as for any pipeline. It

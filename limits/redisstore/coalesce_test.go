@@ -156,6 +156,18 @@ func takenAt(c *coalescer) []time.Time {
 	return at
 }
 
+// decideLater returns a function that decides a one-check call (limit
+// 10) on a key in a goroutine of its own, and sends its error to errs.
+func decideLater(ctx context.Context, store *Store, errs chan<- error) func(key string) {
+	return func(key string) {
+		go func() {
+			var r [1]limits.Result
+			_, err := store.Decide(ctx, oneCheck(key, 10), r[:])
+			errs <- err
+		}()
+	}
+}
+
 // primeBatches makes c's recent batches look like the load's of a busy
 // service (mean batch n), so that the hold-back engages at once.
 func primeBatches(c *coalescer, n float64) {
@@ -195,16 +207,12 @@ func TestCoalescedOverlap(t *testing.T) {
 			rs.Freeze()
 			defer rs.Thaw()
 			errs := make(chan error, 1+tc.queued)
-			decide := func(key string) {
-				var r [1]limits.Result
-				_, err := store.Decide(ctx, oneCheck(key, 10), r[:])
-				errs <- err
-			}
-			go decide("co:{first}:fw")
+			decide := decideLater(ctx, store, errs)
+			decide("co:{first}:fw")
 			waitTaken(t, store.co, 1)
 			first := takenAt(store.co)[0] // the coalescer's own clock, not this goroutine's
 			for i := range tc.queued {
-				go decide(fmt.Sprintf("co:{q%d}:fw", i))
+				decide(fmt.Sprintf("co:{q%d}:fw", i))
 			}
 			if tc.minGap > 50*time.Millisecond {
 				time.Sleep(50 * time.Millisecond)
@@ -249,16 +257,12 @@ func TestCoalescedStallHoldsBack(t *testing.T) {
 	rs.Freeze()
 	defer rs.Thaw()
 	errs := make(chan error, 3)
-	decide := func(key string) {
-		var r [1]limits.Result
-		_, err := store.Decide(ctx, oneCheck(key, 10), r[:])
-		errs <- err
-	}
-	go decide("co:{one}:fw")
+	decide := decideLater(ctx, store, errs)
+	decide("co:{one}:fw")
 	waitTaken(t, store.co, 1)
-	go decide("co:{two}:fw")
+	decide("co:{two}:fw")
 	waitTaken(t, store.co, 2) // after the first has waited 50ms
-	go decide("co:{three}:fw")
+	decide("co:{three}:fw")
 	waitQueued(t, store.co, 1)
 	time.Sleep(300 * time.Millisecond) // both in flight have stalled for long
 	if st, _ := store.Coalescing(); st.Pipelines != 2 {

@@ -28,18 +28,17 @@ var (
 
 // auth answers one auth_request subrequest. It never reads a body.
 func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
-	var start time.Time
-	if h.obs != nil {
-		start = time.Now()
-	}
+	// One clock read for the request: its latency and its decision's
+	// deadline both start here.
+	start := time.Now()
 	hdr := &ctx.Request.Header
 	s := h.pool.Get().(*scratch)
 	defer h.put(s)
 
-	uri := hdr.PeekBytes(h.uriHeader)
+	uri := hdr.PeekCanonical(h.uriHeader)
 	if len(uri) == 0 {
 		// ingress-nginx's auth-url sends the full URL instead.
-		uri = hdr.PeekBytes(h.urlHeader)
+		uri = hdr.PeekCanonical(h.urlHeader)
 		if len(uri) == 0 {
 			h.badRequest(ctx, h.missingURI, limits.RejectMissingURI, start)
 			return
@@ -64,7 +63,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	if h.costHeader != nil {
 		// An empty value counts as absent: NGINX omits a header whose
 		// variable is empty, so the two cannot mean different things.
-		if v := hdr.PeekBytes(h.costHeader); len(v) > 0 {
+		if v := hdr.PeekCanonical(h.costHeader); len(v) > 0 {
 			if cost, ok = parseCost(v, h.maxCost); !ok {
 				h.badRequest(ctx, h.badCost, limits.RejectCost, start)
 				return
@@ -72,11 +71,11 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		}
 	}
 
-	method := hdr.PeekBytes(h.methodHeader)
+	method := hdr.PeekCanonical(h.methodHeader)
 	if len(method) == 0 {
 		method = hdr.Method()
 	}
-	host := hdr.PeekBytes(h.hostHeader)
+	host := hdr.PeekCanonical(h.hostHeader)
 	if len(host) == 0 {
 		host = hdr.Host()
 	}
@@ -88,13 +87,13 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		Route:   s.route,
 		Host:    s.host,
 		IP:      s.ip,
-		User:    hdr.PeekBytes(h.userHeader),
+		User:    hdr.PeekCanonical(h.userHeader),
 		Headers: hdr,
 		Cost:    cost,
 		Addr:    addr,
 	}
 
-	s.ctx.start(h.timeout)
+	s.ctx.start(start, h.timeout)
 	err := h.dec.Decide(s.ctx, &s.req, &s.dec)
 	switch {
 	case s.dec.Undecided:
@@ -130,7 +129,7 @@ func (h *Handler) clientIP(hdr *fasthttp.RequestHeader) (netip.Addr, bool) {
 	if h.xff {
 		return forwardedClient(hdr.PeekAll(h.ipHeaderName), h.trusted)
 	}
-	return parseIP(hdr.PeekBytes(h.ipHeader))
+	return parseIP(hdr.PeekCanonical(h.ipHeader))
 }
 
 // parseCost parses a request cost: a decimal integer in [1, max], optionally
@@ -338,7 +337,7 @@ func (h *Handler) verdictFields(e *zerolog.Event, ctx *fasthttp.RequestCtx, v *l
 	} else {
 		e.Int64("retry_after_ms", ceilDiv(v.Result.RetryUS, 1000))
 	}
-	if id := ctx.Request.Header.PeekBytes(h.requestIDHeader); len(id) > 0 {
+	if id := ctx.Request.Header.PeekCanonical(h.requestIDHeader); len(id) > 0 {
 		e.Bytes("request_id", id[:min(len(id), maxLoggedRequestID)])
 	}
 	return e

@@ -45,14 +45,14 @@ func newDeadlineCtx() *deadlineCtx {
 	return c
 }
 
-// start arms the context to expire d from now.
-func (c *deadlineCtx) start(d time.Duration) {
+// start arms the context to expire d after now, the request's start.
+func (c *deadlineCtx) start(now time.Time, d time.Duration) {
 	c.mu.Lock()
 	if c.expired {
 		c.done = make(chan struct{})
 		c.expired = false
 	}
-	c.deadline = time.Now().Add(d)
+	c.deadline = now.Add(d)
 	if !c.armed || c.fireAt.After(c.deadline) {
 		c.armed, c.fireAt = true, c.deadline
 		c.timer.Reset(d)

@@ -13,7 +13,7 @@ import (
 func TestDeadlineCtx(t *testing.T) {
 	c := newDeadlineCtx()
 
-	c.start(20 * time.Millisecond)
+	c.start(time.Now(), 20*time.Millisecond)
 	if err := c.Err(); err != nil {
 		t.Fatalf("fresh: Err %v", err)
 	}
@@ -31,7 +31,7 @@ func TestDeadlineCtx(t *testing.T) {
 	}
 
 	// Reused after expiring: a new channel, open.
-	c.start(time.Hour)
+	c.start(time.Now(), time.Hour)
 	select {
 	case <-c.Done():
 		t.Fatal("reused context is already done")
@@ -44,8 +44,8 @@ func TestDeadlineCtx(t *testing.T) {
 	// A short use, then a long one: the first use's timer must not end
 	// the second.
 	for range 200 {
-		c.start(time.Microsecond)
-		c.start(time.Hour)
+		c.start(time.Now(), time.Microsecond)
+		c.start(time.Now(), time.Hour)
 		time.Sleep(10 * time.Microsecond)
 		if c.Err() != nil {
 			t.Fatal("a stale timer ended a later use")
@@ -54,7 +54,7 @@ func TestDeadlineCtx(t *testing.T) {
 
 	// A long use, then a shorter one (a smaller timeout): the timer armed
 	// for the first must not hold the second past its own deadline.
-	c.start(20 * time.Millisecond)
+	c.start(time.Now(), 20*time.Millisecond)
 	select {
 	case <-c.Done():
 	case <-time.After(5 * time.Second):
@@ -74,7 +74,7 @@ func TestDeadlineCtxBusy(t *testing.T) {
 	const timeout = 20 * time.Millisecond
 	var last time.Time
 	for end := time.Now().Add(6 * timeout); time.Now().Before(end); {
-		c.start(timeout)
+		c.start(time.Now(), timeout)
 		last, _ = c.Deadline()
 		time.Sleep(timeout / 10)
 		if err := c.Err(); err != nil {

@@ -117,6 +117,9 @@ type Handler struct {
 	dec   Decider
 	store Pinger
 
+	// The header names in fasthttp's canonical form, as it stores the
+	// request's, so a request is read with PeekCanonical and no name is
+	// normalized again per request.
 	userHeader, ipHeader, uriHeader, urlHeader, methodHeader, hostHeader, costHeader, requestIDHeader []byte
 	// ipHeaderName is IPHeader as a string, for PeekAll.
 	ipHeaderName string
@@ -190,17 +193,17 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	ip := name(opts.IPHeader, DefaultIPHeader)
 	uri := name(opts.URIHeader, DefaultURIHeader)
 	url := name(opts.URLHeader, DefaultURLHeader)
-	h.userHeader = []byte(user)
-	h.ipHeader = []byte(ip)
+	h.userHeader = canonical(user)
+	h.ipHeader = canonical(ip)
 	h.ipHeaderName = ip
-	h.uriHeader = []byte(uri)
-	h.urlHeader = []byte(url)
-	h.methodHeader = []byte(name(opts.MethodHeader, DefaultMethodHeader))
-	h.hostHeader = []byte(name(opts.HostHeader, DefaultHostHeader))
-	h.requestIDHeader = []byte(name(opts.RequestIDHeader, DefaultRequestIDHeader))
+	h.uriHeader = canonical(uri)
+	h.urlHeader = canonical(url)
+	h.methodHeader = canonical(name(opts.MethodHeader, DefaultMethodHeader))
+	h.hostHeader = canonical(name(opts.HostHeader, DefaultHostHeader))
+	h.requestIDHeader = canonical(name(opts.RequestIDHeader, DefaultRequestIDHeader))
 	h.xff = strings.EqualFold(ip, fasthttp.HeaderXForwardedFor)
 	if opts.CostHeader != "" {
-		h.costHeader = []byte(opts.CostHeader)
+		h.costHeader = canonical(opts.CostHeader)
 	}
 	if h.maxCost <= 0 {
 		h.maxCost = DefaultMaxCost
@@ -310,4 +313,10 @@ func (h *Handler) ready(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetBodyString("ready: " + h.store.StoreName() + "\n")
+}
+
+// canonical is a header name as fasthttp stores it (each word capitalized),
+// so that PeekCanonical finds it however the request spelled its case.
+func canonical(name string) []byte {
+	return fasthttp.AppendNormalizedHeaderKey(nil, name)
 }

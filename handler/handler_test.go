@@ -271,6 +271,24 @@ func TestIdentity(t *testing.T) {
 	equal(t, "method=POST route=/~user host=api.example.com ip=2001:db8::/64 user=alice cost=7", <-rec.got)
 }
 
+// TestHeaderNamesAnyCase: header names are case-insensitive, in the config
+// as on the wire. The handler reads them in their canonical form, so a name
+// configured in any case must find a header sent in any other.
+func TestHeaderNamesAnyCase(t *testing.T) {
+	rec := &recorder{got: make(chan string, 1)}
+	ts := serve(t, New(rec, nil, Options{UserHeader: "x-USER", IPHeader: "x-client-ip", URIHeader: "X-URI",
+		MethodHeader: "x-verb", HostHeader: "X-SITE", CostHeader: "x-COST"}))
+	for _, hdr := range []string{
+		"X-Uri: /a\r\nX-Client-Ip: 192.0.2.7\r\nX-Verb: PUT\r\nX-Site: Api.Example\r\nX-User: bob\r\nX-Cost: 3\r\n",
+		"x-uri: /a\r\nx-client-ip: 192.0.2.7\r\nx-verb: PUT\r\nx-site: Api.Example\r\nx-user: bob\r\nx-cost: 3\r\n",
+		"X-URI: /a\r\nX-CLIENT-IP: 192.0.2.7\r\nX-VERB: PUT\r\nX-SITE: Api.Example\r\nX-USER: bob\r\nX-COST: 3\r\n",
+	} {
+		status, body := ts.raw(t, "GET /auth HTTP/1.1\r\nHost: ignored\r\n"+hdr+"Connection: close\r\n\r\n")
+		mustEqual(t, 204, status, body)
+		equal(t, "method=PUT route=/a host=api.example ip=192.0.2.7 user=bob cost=3", <-rec.got, "%q", hdr)
+	}
+}
+
 func TestStoreFailure(t *testing.T) {
 	storeErr := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 	for _, mode := range []limits.FailureMode{limits.FailAllow, limits.FailLocal} {

@@ -34,6 +34,18 @@ func waitTaken(t *testing.T, c *coalescer, n uint64) {
 	}
 }
 
+// waitPipelines waits until the runners have sent at least n pipelines.
+func waitPipelines(t *testing.T, c *coalescer, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.pipelines.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("runners sent %d pipelines in 5s, want %d", c.pipelines.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // waitQueued waits until exactly n calls are queued.
 func waitQueued(t *testing.T, c *coalescer, n int) {
 	t.Helper()
@@ -224,6 +236,8 @@ func TestCoalescedOverlap(t *testing.T) {
 				}
 			}
 			waitTaken(t, store.co, uint64(1+tc.queued))
+			// A runner counts its pipeline a moment after it took the calls.
+			waitPipelines(t, store.co, 2)
 			if st, _ := store.Coalescing(); st.Pipelines != 2 {
 				t.Fatalf("%d pipelines sent, want 2: the first, then the queued calls together", st.Pipelines)
 			}

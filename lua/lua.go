@@ -89,6 +89,9 @@ func Decide() (string, error) { return built.decide, nil }
 // Refund returns the source of RefundScript.
 func Refund() (string, error) { return built.refund, nil }
 
+// DecideMany returns the source of DecideManyScript.
+func DecideMany() (string, error) { return built.decideMany, nil }
+
 // Lease returns the source of LeaseScript.
 func Lease() (string, error) { return built.lease, nil }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/lua"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -600,12 +601,19 @@ func (s *Store) Functions() (fcall, evalsha int) {
 	return fcall, evalsha
 }
 
-// scripts returns the store's scripts: decide, and refund on a cluster.
+// scripts returns the store's scripts: decide; refund on a cluster; and,
+// where batches go as one call (a single server or Sentinel), decide_many
+// as a script, for a server that does not run functions. Each is loaded
+// at Warm and on a new primary, so no first batch waits for an EVAL.
 func (s *Store) scripts() []*redis.Script {
+	scs := []*redis.Script{s.script}
 	if s.refund != nil {
-		return []*redis.Script{s.script, s.refund}
+		scs = append(scs, s.refund)
 	}
-	return []*redis.Script{s.script}
+	if s.co != nil && s.co.many.Load() {
+		scs = append(scs, lua.DecideManyScript)
+	}
+	return scs
 }
 
 func (s *Store) scriptHashes() []string {

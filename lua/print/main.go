@@ -4,7 +4,7 @@
 //	go run ./lua/print lease > /tmp/lease.lua
 //	redis-cli --eval /tmp/lease.lua rg:{demo:}:fw rg:{demo:}:lease , 0 take 1 100 60000000 100 1 10 a-1 0
 //
-// The argument names the script: decide, refund or lease.
+// The argument names the script: decide, decide_many, refund or lease.
 package main
 
 import (
@@ -15,9 +15,9 @@ import (
 )
 
 func main() {
-	scripts := map[string]func() (string, error){"decide": lua.Decide, "refund": lua.Refund, "lease": lua.Lease}
+	scripts := map[string]func() (string, error){"decide": lua.Decide, "decide_many": lua.DecideMany, "refund": lua.Refund, "lease": lua.Lease}
 	if len(os.Args) != 2 || scripts[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: go run ./lua/print decide|refund|lease")
+		fmt.Fprintln(os.Stderr, "usage: go run ./lua/print decide|decide_many|refund|lease")
 		os.Exit(2)
 	}
 	src, err := scripts[os.Args[1]]()

@@ -453,6 +453,16 @@ func TestIngressAuthURL(t *testing.T) {
 				t.Errorf("%s: %s %s from %s: %d, want %d", host, s.name, s.path, s.from, got, s.want)
 			}
 		}
+		// The client's Host header is X-Original-URL's authority, and NGINX
+		// lets it hold '?' or '#' (never '/'): the path still starts at the
+		// first '/'. With an absolute-form target NGINX picks the server from
+		// the target, whatever Host says.
+		for _, odd := range []string{"a?1", "a#1", "x?"} {
+			r := nx.do(t, request{Target: "http://" + host + "/api/items", From: "127.0.3.1", Header: []string{"Host: " + odd}})
+			if r.Status != 403 {
+				t.Errorf("%s: /api/items with Host %q: %d, want 403 (the same route, over its limit)", host, odd, r.Status)
+			}
+		}
 		if host == "hardened" {
 			// The client's own headers reach the auth service too; reading
 			// only X-Original-URL, rategate cannot be told another route.

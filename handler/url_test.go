@@ -31,7 +31,11 @@ func TestOriginalURL(t *testing.T) {
 		{"https://shop.example.com/x/..%2Fadmin?q=1", "/admin"},
 		{"http://shop.example.com:8080//admin/./list", "/admin/list"},
 		{"https://shop.example.com", "/"},
-		{"https://shop.example.com?next=/admin", "/"},
+		{"https://shop.example.com?next=", "/"},
+		// The authority is the client's Host header, which may hold '?'
+		// or '#' but not '/': the path starts at the first '/'.
+		{"https://shop.example.com?next=/admin", "/admin"},
+		{"https://a#b/admin?q", "/admin"},
 		{"/admin?q", "/admin"}, // a path alone is fine too
 	} {
 		equal(t, 204, ts.auth(t, ingress(tt.url, "192.0.2.1")...).status, "%s", tt.url)

@@ -1,5 +1,7 @@
 package limits
 
+import "bytes"
+
 // Route normalization (docs/decision-endpoint.md). The route is what rules
 // match on and what the `route` key dimension counts, so it must be the path
 // NGINX itself routes by ($uri): otherwise "/%2Fadmin", "/x/..%2Fadmin" or
@@ -158,16 +160,21 @@ func decodeAt(path []byte, i int) (byte, int) {
 // absolutePath returns the path, query and fragment of an absolute-form
 // target ("http://host:80/p?q" gives "/p?q"). A target that is not
 // absolute-form is returned unchanged and NormalizeRoute roots it.
+//
+// The path starts at the first '/' after "scheme://", even where a '?' or
+// '#' comes before it: ingress-nginx builds X-Original-URL as
+// $scheme://$http_host$request_uri, and $http_host is the client's own Host
+// header, which NGINX lets hold '?' and '#' but never '/', while
+// $request_uri always starts with '/'. So "http://a?b/login" is the
+// request NGINX served as /login (with Host "a?b"), not a query on "/".
 func absolutePath(uri []byte) []byte {
 	n := schemeLen(uri)
 	if n == 0 {
 		return uri
 	}
 	rest := uri[n:]
-	for j, c := range rest {
-		if c == '/' || c == '?' || c == '#' {
-			return rest[j:]
-		}
+	if j := bytes.IndexByte(rest, '/'); j >= 0 {
+		return rest[j:]
 	}
 	return nil
 }

@@ -81,6 +81,9 @@ func TestNormalizeRoute(t *testing.T) {
 		{"http://example.com/a/../b?x", "/b"},
 		{"https://example.com", "/"},
 		{"https://example.com?x", "/"},
+		{"http://a?b/login", "/login"}, // ingress-nginx: Host "a?b", $request_uri "/login"
+		{"http://a#b/login?q", "/login"},
+		{"http://a?b#c", "/"},
 		{"HTTP://u@h:80//p", "/p"},
 		{"svn+ssh://h/p", "/p"},
 		{"admin", "/admin"},

@@ -539,6 +539,35 @@ func TestAuthLayer(t *testing.T) {
 	}
 }
 
+// TestDuplicateRuleHeaderThroughNginx: NGINX passes every copy of a
+// client's header to the auth subrequest and to the application, which may
+// take another copy than the first. A header a rule reads, sent twice, is
+// refused (400, which auth_request makes a 500): a fresh copy in front of
+// one over its limit gets nothing through.
+func TestDuplicateRuleHeaderThroughNginx(t *testing.T) {
+	m := startMini(t)
+	rules := `    - name: plan
+      match: {path: /user/}
+      key: ["header:X-Plan"]
+      algorithm: fixed_window
+      limit: 2
+      period: 24h
+`
+	rg := m.rategate(t, "rategate", policy(429, "dup", "", rules))
+	nx := startNginx(t, "dup", "nginx.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr})
+	needWindow(t, window, 30*time.Second)
+	gold := request{Path: "/user/feed", Header: []string{"X-User: dave", "X-Plan: gold"}}
+	wantStatus(t, nx.do(t, gold), 200)
+	wantStatus(t, nx.do(t, gold), 200)
+	wantStatus(t, nx.do(t, gold), 429)
+	for i := range 3 {
+		r := nx.do(t, request{Path: "/user/feed", Header: []string{"X-User: dave", fmt.Sprintf("X-Plan: fresh%d", i), "X-Plan: gold"}})
+		if r.Status != 500 {
+			t.Errorf("X-Plan twice (fresh%d, gold): %d, want 500 (rategate's 400 through auth_request)", i, r.Status)
+		}
+	}
+}
+
 // ---- 4. a denial in the logs --------------------------------------------------
 
 // TestDenialLogs: rategate's line for a denial carries the rule, every

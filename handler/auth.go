@@ -82,6 +82,18 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// Host names are case-insensitive; one host must be one counter.
 	s.host = appendLower(s.host[:0], host)
 
+	if h.headers != nil {
+		for _, name := range h.headers.RuleHeaders() {
+			if len(hdr.PeekAll(name)) > 1 {
+				// NGINX passes every copy on, and the application may take
+				// another than the first, which a rule would count.
+				h.badRequest(ctx, []byte("duplicate "+name+" header: a header the rate-limit rules read must be sent once\n"),
+					limits.RejectDuplicateHeader, start)
+				return
+			}
+		}
+	}
+
 	s.req = limits.Request{
 		Method:  method,
 		Route:   s.route,

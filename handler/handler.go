@@ -104,6 +104,13 @@ type Decider interface {
 	Decide(ctx context.Context, req *limits.Request, d *limits.Decision) error
 }
 
+// HeaderReader is a Decider whose rules read request headers of their own
+// (a header key dimension, a match on a header); *limits.Limiter is one.
+// The handler refuses a request that sends one of them more than once.
+type HeaderReader interface {
+	RuleHeaders() []string
+}
+
 // Pinger is the store as /readyz sees it; *limits.Limiter implements it.
 type Pinger interface {
 	Ping(ctx context.Context) error
@@ -143,6 +150,8 @@ type Handler struct {
 	shadowSampler *countingSampler
 
 	obs Observer
+	// headers, when the Decider is a HeaderReader: the headers rules read.
+	headers HeaderReader
 
 	pool sync.Pool // of *scratch
 }
@@ -173,6 +182,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 		timeout:    opts.Timeout,
 		obs:        opts.Observer,
 	}
+	h.headers, _ = d.(HeaderReader)
 	h.pool.New = func() any {
 		return &scratch{
 			route: make([]byte, 0, 256),

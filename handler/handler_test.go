@@ -480,23 +480,72 @@ func TestHostileHeaderValues(t *testing.T) {
 		}
 	}
 
-	// Many repeated lines of every identity header, one request.
-	var b strings.Builder
-	b.WriteString("GET /auth HTTP/1.1\r\nHost: x\r\n")
-	for i := range 200 {
-		v := hostile[i%len(hostile)]
-		if strings.ContainsAny(v, "\x01") {
-			continue // fasthttp itself rejects control bytes with 400
+	// Many repeated lines of every identity header, one request: decided
+	// by the first of each (NGINX sets these itself, replacing the
+	// client's). A header a rule reads, repeated, is refused.
+	for _, plan := range []bool{false, true} {
+		var b strings.Builder
+		b.WriteString("GET /auth HTTP/1.1\r\nHost: x\r\n")
+		for i := range 200 {
+			v := hostile[i%len(hostile)]
+			if strings.ContainsAny(v, "\x01") {
+				continue // fasthttp itself rejects control bytes with 400
+			}
+			v = v[:min(len(v), 32)]
+			for _, name := range []string{"X-Original-URI", "X-User-Id", "X-Original-Method", "X-Original-Host"} {
+				b.WriteString(name + ": " + v + "\r\n")
+			}
+			if plan {
+				b.WriteString("X-Plan: " + v + "\r\n")
+			}
+			b.WriteString("X-Forwarded-For: 192.0.2." + strconv.Itoa(i) + "\r\n")
 		}
-		v = v[:min(len(v), 32)]
-		for _, name := range []string{"X-Original-URI", "X-User-Id", "X-Original-Method", "X-Original-Host", "X-Plan"} {
-			b.WriteString(name + ": " + v + "\r\n")
+		b.WriteString("Connection: close\r\n\r\n")
+		status, body := ts.raw(t, b.String())
+		if plan {
+			equal(t, reply{status: 400, body: "duplicate X-Plan header: a header the rate-limit rules read must be sent once\n", headers: map[string]string{}},
+				reply{status: status, body: body, headers: map[string]string{}}, "repeated X-Plan")
+		} else {
+			equal(t, 204, status, "repeated headers: %q", body)
 		}
-		b.WriteString("X-Forwarded-For: 192.0.2." + strconv.Itoa(i) + "\r\n")
 	}
-	b.WriteString("Connection: close\r\n\r\n")
-	status, body := ts.raw(t, b.String())
-	equal(t, 204, status, "repeated headers: %q", body)
+}
+
+// TestDuplicateRuleHeader: a header a rule reads (a header key dimension,
+// a header match) sent twice is refused with 400: NGINX passes every copy
+// to the application, which may take another than the one a rule counted
+// (one random copy per request would be a fresh quota each time). Headers
+// no rule reads may repeat, and a reload moves what is refused.
+func TestDuplicateRuleHeader(t *testing.T) {
+	byKey := rule("per-key", 2, time.Minute, limits.KeyHeader)
+	byKey.Key[0].Header = "X-Api-Key"
+	free := rule("free-plan", 5, time.Minute, limits.KeyIP)
+	free.Match.Headers = []limits.HeaderMatch{{Name: "X-Plan", Value: []byte("free")}}
+	l, _ := newLimiter(t, byKey, free)
+	ts := serve(t, New(pinnedClock{l: l, now: pinnedNow()}, l, Options{}))
+	send := func(lines ...string) reply {
+		t.Helper()
+		status, body := ts.raw(t, "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\n"+
+			strings.Join(lines, "")+"Connection: close\r\n\r\n")
+		return reply{status: status, body: body, headers: map[string]string{}}
+	}
+	dup := func(name string) reply {
+		return reply{status: 400, body: "duplicate " + name + " header: a header the rate-limit rules read must be sent once\n", headers: map[string]string{}}
+	}
+	equal(t, 204, send("X-Api-Key: K\r\n").status)
+	equal(t, 204, send("X-Api-Key: K\r\n").status)
+	equal(t, 429, send("X-Api-Key: K\r\n").status, "K is over its limit")
+	for i := range 3 {
+		r := send("X-Api-Key: fresh"+strconv.Itoa(i)+"\r\n", "X-Api-Key: K\r\n")
+		equal(t, dup("X-Api-Key"), r, "a fresh key before K")
+		r = send("X-Api-Key: K\r\n", "x-api-key: fresh"+strconv.Itoa(i)+"\r\n")
+		equal(t, dup("X-Api-Key"), r, "K, then a fresh key in another case")
+	}
+	equal(t, dup("X-Plan"), send("X-Api-Key: a\r\n", "X-Plan: pro\r\n", "X-Plan: free\r\n"), "a match header twice")
+	equal(t, 204, send("X-Api-Key: b\r\n", "X-Other: 1\r\n", "X-Other: 2\r\n").status, "a header no rule reads may repeat")
+
+	l.SetRules([]*limits.Rule{rule("per-ip", 5, time.Minute, limits.KeyIP)})
+	equal(t, 204, send("X-Api-Key: K\r\n", "X-Api-Key: K2\r\n").status, "after a reload no rule reads X-Api-Key")
 }
 
 // TestEscapedUsersDoNotShareCounters: user names that differ only in bytes

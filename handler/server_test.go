@@ -141,6 +141,10 @@ func (p pinnedClock) Decide(ctx context.Context, req *limits.Request, d *limits.
 	return p.l.DecideAt(ctx, req, d, p.now)
 }
 
+// RuleHeaders passes the limiter's on: a pinned limiter refuses what the
+// limiter itself would.
+func (p pinnedClock) RuleHeaders() []string { return p.l.RuleHeaders() }
+
 func pinnedNow() int64 {
 	hour := (time.Now().Unix()/3600 + 2) * 3600
 	return hour*1_000_000 + 18_000_000

@@ -59,12 +59,15 @@ const (
 	RejectIP
 	// RejectCost: the cost header is not an integer from 1 to max_cost.
 	RejectCost
+	// RejectDuplicateHeader: a header a rule reads (a header key dimension
+	// or a match on a header) was sent more than once.
+	RejectDuplicateHeader
 	// NumRejectReasons is the number of reasons, for arrays indexed by them.
 	NumRejectReasons
 )
 
 // String returns the reason as a metric label: missing_uri, invalid_ip,
-// invalid_cost.
+// invalid_cost, duplicate_header.
 func (r RejectReason) String() string {
 	switch r {
 	case RejectMissingURI:
@@ -73,6 +76,8 @@ func (r RejectReason) String() string {
 		return "invalid_ip"
 	case RejectCost:
 		return "invalid_cost"
+	case RejectDuplicateHeader:
+		return "duplicate_header"
 	}
 	return "unknown"
 }

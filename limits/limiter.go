@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -180,9 +181,11 @@ type Options struct {
 // It is safe for concurrent use; SetRules swaps the rule set atomically, so a
 // request sees either the old rules or the new ones, never a mix.
 type Limiter struct {
-	store   Store
-	prefix  string
-	rules   atomic.Pointer[[]*Rule]
+	store  Store
+	prefix string
+	rules  atomic.Pointer[[]*Rule]
+	// headers are the request headers the rules read (RuleHeaders).
+	headers atomic.Pointer[[]string]
 	breaker *Breaker
 
 	fallback Store
@@ -232,6 +235,8 @@ func (l *Limiter) SetRules(rules []*Rule) {
 	if rules == nil {
 		rules = []*Rule{}
 	}
+	headers := ruleHeaders(rules)
+	l.headers.Store(&headers)
 	l.rules.Store(&rules)
 	if l.deny != nil {
 		l.deny.Clear() // after the store: see decide
@@ -240,6 +245,34 @@ func (l *Limiter) SetRules(rules []*Rule) {
 		// Slices taken under numbers no longer in force go back.
 		l.leases.rulesChanged(rules)
 	}
+}
+
+// RuleHeaders returns the canonical names of the request headers the rules
+// in force read, in a header key dimension or a header match. Each is one
+// value to a rule: the handler refuses a request that sends one of them
+// twice, since the application behind NGINX, which gets every copy, may
+// take another than the one the rule counted. Callers must not modify it.
+func (l *Limiter) RuleHeaders() []string { return *l.headers.Load() }
+
+// ruleHeaders lists the headers rules read, each once.
+func ruleHeaders(rules []*Rule) []string {
+	var names []string
+	add := func(name string) {
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	for _, r := range rules {
+		for _, p := range r.Key {
+			if p.Kind == KeyHeader {
+				add(p.Header)
+			}
+		}
+		for _, h := range r.Match.Headers {
+			add(h.Name)
+		}
+	}
+	return names
 }
 
 // SetFailureMode changes what undecidable requests get (a reload).

@@ -550,6 +550,29 @@ func TestRuleDefaults(t *testing.T) {
 	}
 }
 
+// TestGetMatchesHead: a rule on GET also matches HEAD, which applications
+// answer with their GET handler; other methods are as written.
+func TestGetMatchesHead(t *testing.T) {
+	for _, tt := range []struct {
+		methods string
+		want    []string
+	}{
+		{"[get]", []string{"GET", "HEAD"}},
+		{"[POST, GET]", []string{"POST", "GET", "HEAD"}},
+		{"[HEAD, GET]", []string{"HEAD", "GET"}},
+		{"[POST]", []string{"POST"}},
+		{"[head]", []string{"HEAD"}},
+	} {
+		c, err := Parse("t.yaml", []byte("rules:\n  - name: r\n    match: {methods: "+tt.methods+"}\n    algorithm: fixed_window\n    limit: 1\n    period: 1s\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Rules[0].Match.Methods; !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("methods %s: %v, want %v", tt.methods, got, tt.want)
+		}
+	}
+}
+
 func TestTrustedProxiesEmptyListTrustsNone(t *testing.T) {
 	c, err := Parse("t.yaml", []byte("identity: {trusted_proxies: []}\n"))
 	if err != nil {

@@ -615,6 +615,12 @@ func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format strin
 			out.Methods = append(out.Methods, meth)
 		}
 	}
+	// HEAD is GET without the body, and applications answer it with their
+	// GET handler: a limit on GET that HEAD walked past would be no limit.
+	// (NGINX's limit_except does the same.)
+	if slices.Contains(out.Methods, "GET") && !slices.Contains(out.Methods, "HEAD") {
+		out.Methods = append(out.Methods, "HEAD")
+	}
 	if v := &m.Host; v.ok() && v.V != "" {
 		out.Host = strings.ToLower(v.V)
 		if strings.ContainsFunc(v.V, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '/' }) {

@@ -146,6 +146,13 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	if lo.DenyCache != nil {
 		a.metrics.ObserveDenyCache(lo.DenyCache)
 	}
+	a.metrics.ObserveMemoryEvictions(func() uint64 {
+		var n uint64
+		for _, m := range a.memoryStores() {
+			n += m.Evictions()
+		}
+		return n
+	})
 	if lo.Leaser != nil {
 		a.metrics.ObserveLeases(a.limiter)
 		a.goBG(a.limiter.RunLeases)
@@ -210,6 +217,7 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 	// one decision fails while Redis is up, and while it is down when
 	// failure_mode is local.
 	a.local = memstore.New()
+	a.local.SetMaxKeys(cfg.MemoryMaxKeys)
 	lo.Fallback = a.local
 	lo.Inspector = rs
 
@@ -345,6 +353,19 @@ func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 
 // StoreName describes the shared store.
 func (a *App) StoreName() string { return a.store.Name() }
+
+// memoryStores returns the in-memory stores: the store itself without
+// Redis, the local fallback beside it.
+func (a *App) memoryStores() []*memstore.Store {
+	var out []*memstore.Store
+	if m, ok := a.store.(*memstore.Store); ok {
+		out = append(out, m)
+	}
+	if a.local != nil {
+		out = append(out, a.local)
+	}
+	return out
+}
 
 // Run listens on the main and admin addresses and serves until ctx ends,
 // then stops accepting, finishes in-flight requests (within 20 s) and

@@ -11,9 +11,9 @@ import (
 
 // Reload re-reads the config file and applies everything that can be
 // swapped safely while requests run: the rules (with the runtime overrides
-// on top, in one atomic swap), failure_mode, local_share, deny_status,
-// admin.token and the identity settings (a new decision handler is swapped
-// in). A changed setting that takes a restart (a listener, anything about
+// on top, in one atomic swap), failure_mode, local_share, memory_max_keys,
+// deny_status, admin.token and the identity settings (a new decision
+// handler is swapped in). A changed setting that takes a restart (a listener, anything about
 // the store, the deny cache, the log level) is named field by field in the
 // result and the log, and keeps its old value. An invalid file changes
 // nothing; the error is config.Errors with every problem.
@@ -58,6 +58,12 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	if next.LocalShare != prev.LocalShare {
 		a.limiter.SetLocalShare(next.LocalShare)
 		res.Applied = append(res.Applied, "local_share")
+	}
+	if next.MemoryMaxKeys != prev.MemoryMaxKeys {
+		for _, m := range a.memoryStores() {
+			m.SetMaxKeys(next.MemoryMaxKeys)
+		}
+		res.Applied = append(res.Applied, "memory_max_keys")
 	}
 	if next.Admin.Token != prev.Admin.Token {
 		a.admin.SetToken(next.Admin.Token)

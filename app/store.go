@@ -65,6 +65,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedS
 	default:
 		log.Info().Msg("no Redis configured: using the embedded in-memory store (limits are per process; set -redis redis://host:6379/0 to share them)")
 		m := memstore.New()
+		m.SetMaxKeys(cfg.MemoryMaxKeys)
 		return openedStore{Store: m, memory: m}, nil
 	}
 	store, err := redisstore.Open(o)

@@ -53,9 +53,14 @@ type Config struct {
 	LocalShare int
 	// DenyStatus is the status of a denial: 429 (default) or 403.
 	DenyStatus int
-	DenyCache  DenyCache
-	Admin      Admin
-	Identity   Identity
+	// MemoryMaxKeys bounds the keys the in-memory store keeps (the store
+	// without Redis, and the local fallback beside Redis): a new key in a
+	// full store takes the place of one that expires soon. Default
+	// 1,000,000 (memstore.DefaultMaxKeys).
+	MemoryMaxKeys int
+	DenyCache     DenyCache
+	Admin         Admin
+	Identity      Identity
 	// IdentityOverrides bounds the runtime identity overrides.
 	IdentityOverrides IdentityOverrides
 	// Rules are the compiled rules in file order; never nil.

@@ -264,6 +264,10 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`log_level: must be one of trace, debug, info, warn, error; got "verbose"`}},
 		{"local_share zero", "local_share: 0\n",
 			[]string{`local_share: must be >= 1, got 0`}},
+		{"memory_max_keys zero", "memory_max_keys: 0\n",
+			[]string{`memory_max_keys: must be >= 1, got 0`}},
+		{"memory_max_keys too many", "memory_max_keys: 100000001\n",
+			[]string{`memory_max_keys: must be <= 100000000, got 100000001`}},
 		{"redis url without scheme", "redis: {url: \"127.0.0.1:6379\"}\n",
 			[]string{`redis.url: is not a URL: first path segment in URL cannot contain colon`}},
 		{"redis url without host", "redis: {url: \"redis:///0\"}\n",
@@ -370,6 +374,7 @@ func TestLoadFull(t *testing.T) {
 		DenyCache:         DenyCache{Enabled: false, MaxEntries: 5000},
 		IdentityOverrides: IdentityOverrides{MaxEntries: 100_000},
 		DenyStatus:        403,
+		MemoryMaxKeys:     50000,
 		Admin:             Admin{Token: "s3cret", Listen: "127.0.0.1:9091"},
 		Identity: Identity{
 			UserHeader: "X-User",
@@ -475,6 +480,7 @@ func TestDefaults(t *testing.T) {
 		FailureMode:       limits.FailAllow,
 		LocalShare:        1,
 		DenyStatus:        429,
+		MemoryMaxKeys:     1_000_000,
 		Identity: Identity{
 			UserHeader:      "X-User-Id",
 			IPHeader:        "X-Real-IP",

@@ -63,6 +63,7 @@ type rawConfig struct {
 	FailureMode opt[string]
 	LocalShare  opt[int64]
 	DenyStatus  opt[int64]
+	MemoryKeys  opt[int64]
 	DenyCache   rawDenyCache
 	Admin       rawAdmin
 	Identity    rawIdentity
@@ -78,6 +79,7 @@ func (c *rawConfig) fields() []field {
 		{"failure_mode", &c.FailureMode},
 		{"local_share", &c.LocalShare},
 		{"deny_status", &c.DenyStatus},
+		{"memory_max_keys", &c.MemoryKeys},
 		{"deny_cache", &c.DenyCache},
 		{"admin", &c.Admin},
 		{"identity", &c.Identity},

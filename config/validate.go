@@ -54,7 +54,10 @@ const (
 	defaultOverlapAfter = time.Millisecond
 	defaultDenyCache    = 100_000
 	maxDenyCache        = 10_000_000
-	defaultMaxBatch     = 128
+	// defaultMemoryKeys is memstore.DefaultMaxKeys (app's tests check).
+	defaultMemoryKeys = 1_000_000
+	maxMemoryKeys     = 100_000_000
+	defaultMaxBatch   = 128
 )
 
 // defaultTrustedProxies returns the proxies trusted when identity.trusted_proxies is omitted.
@@ -72,11 +75,12 @@ var (
 // the compiled configuration (meaningful only when d has no problems).
 func validate(d *decoder, raw *rawConfig) *Config {
 	c := &Config{
-		FailureMode: limits.FailAllow,
-		LocalShare:  1,
-		DenyStatus:  defaultDenyStatus,
-		DenyCache:   DenyCache{Enabled: true, MaxEntries: defaultDenyCache},
-		Rules:       []*limits.Rule{},
+		FailureMode:   limits.FailAllow,
+		LocalShare:    1,
+		DenyStatus:    defaultDenyStatus,
+		MemoryMaxKeys: defaultMemoryKeys,
+		DenyCache:     DenyCache{Enabled: true, MaxEntries: defaultDenyCache},
+		Rules:         []*limits.Rule{},
 	}
 	if v := &raw.Listen; v.ok() {
 		c.Listen = v.V
@@ -102,6 +106,12 @@ func validate(d *decoder, raw *rawConfig) *Config {
 		c.LocalShare = int(v.V)
 		if msg := between(v.V, 1, maxLimit); msg != "" {
 			d.add(v.Line, "local_share", "%s", msg)
+		}
+	}
+	if v := &raw.MemoryKeys; v.ok() {
+		c.MemoryMaxKeys = int(v.V)
+		if msg := between(v.V, 1, maxMemoryKeys); msg != "" {
+			d.add(v.Line, "memory_max_keys", "%s", msg)
 		}
 	}
 	if v := &raw.DenyStatus; v.ok() {

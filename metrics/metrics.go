@@ -161,6 +161,8 @@ type Metrics struct {
 	redisOnce sync.Once
 
 	denyCache atomic.Pointer[limits.DenyCache]
+	// memEvictions reports the in-memory store's evictions (nil: none).
+	memEvictions atomic.Pointer[func() uint64]
 
 	ids identityMetrics // identities.go
 }
@@ -222,6 +224,11 @@ func New(opts ...Options) *Metrics {
 			evicted = dc.Evictions()
 		}
 		vm.WriteCounterUint64(w, "rategate_deny_cache_evictions_total", evicted)
+		var mem uint64
+		if f := m.memEvictions.Load(); f != nil {
+			mem = (*f)()
+		}
+		vm.WriteCounterUint64(w, "rategate_memory_store_evictions_total", mem)
 	})
 	s.RegisterMetricsWriter(m.writeIdentities)
 
@@ -457,6 +464,11 @@ func (m *Metrics) AddCounterFuncs(family, label string, f func() []LabeledValue)
 // ObserveDenyCache exports the size of the limiter's deny cache
 // (rategate_deny_cache_entries) and its evictions. nil exports zeros.
 func (m *Metrics) ObserveDenyCache(c *limits.DenyCache) { m.denyCache.Store(c) }
+
+// ObserveMemoryEvictions exports evicted() as
+// rategate_memory_store_evictions_total: live keys the in-memory stores
+// dropped at memory_max_keys.
+func (m *Metrics) ObserveMemoryEvictions(evicted func() uint64) { m.memEvictions.Store(&evicted) }
 
 // OverrideSyncFailed counts a failed read of the overrides from the store.
 func (m *Metrics) OverrideSyncFailed() { m.overrideSyncErrors.Inc() }

@@ -10,6 +10,7 @@ import (
 	"hash/maphash"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rategate/rategate/limits"
@@ -23,7 +24,10 @@ const memShards = 64
 // Store is the embedded store: the same algorithms and the same
 // all-or-nothing batches as Redis, for one process. Keys expire like their
 // Redis twins and a janitor removes expired keys, so memory is bounded by the
-// number of keys active within their TTL, not by how many were ever seen.
+// number of keys active within their TTL, not by how many were ever seen;
+// and by SetMaxKeys, so that a flood of new identities (one per request,
+// with a rule keyed on the route or on a header) cannot grow it without
+// end before their TTLs pass.
 type Store struct {
 	seed   maphash.Seed
 	shards [memShards]memShard
@@ -31,7 +35,18 @@ type Store struct {
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
+	// perShard is how many keys a shard keeps (SetMaxKeys); evicted counts
+	// the live keys dropped to make room.
+	perShard atomic.Int64
+	evicted  atomic.Uint64
 }
+
+// DefaultMaxKeys is how many keys a Store keeps unless SetMaxKeys says
+// otherwise: about 250 MB of counters.
+const DefaultMaxKeys = 1_000_000
+
+// evictSample is how many keys a full shard looks at for one to drop.
+const evictSample = 8
 
 type memShard struct {
 	mu sync.Mutex
@@ -54,9 +69,23 @@ func NewSweeping(sweep time.Duration) *Store {
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*state)
 	}
+	s.SetMaxKeys(DefaultMaxKeys)
 	go s.janitor(sweep)
 	return s
 }
+
+// SetMaxKeys bounds the keys the store keeps to about n (at least one per
+// shard; a reload may change it). A new key in a full shard takes the place
+// of the key that expires first among a few (an expired one if the janitor
+// has not swept it yet), as NGINX's limit_req zone drops its oldest state:
+// that identity's counter starts again, so set n above the identities a
+// period sees (Evictions counts the live keys dropped).
+func (s *Store) SetMaxKeys(n int) {
+	s.perShard.Store(max(int64(n+memShards-1)/memShards, 1))
+}
+
+// Evictions returns how many unexpired keys were dropped to make room.
+func (s *Store) Evictions() uint64 { return s.evicted.Load() }
 
 // Name implements Store.
 func (s *Store) Name() string { return "memory" }
@@ -233,7 +262,31 @@ func (s *Store) put(key string, st state) {
 		*p = st
 		return
 	}
+	if int64(len(sh.m)) >= s.perShard.Load() {
+		s.makeRoom(sh)
+	}
 	sh.m[key] = &st
+}
+
+// makeRoom drops one key of the full shard sh (its lock held): of a few
+// keys it looks at (map order is random), the one that expires first, an
+// expired one if there is one.
+func (s *Store) makeRoom(sh *memShard) {
+	var victim string
+	var soonest int64
+	seen := 0
+	for k, st := range sh.m {
+		if victim == "" || st.expireUS < soonest {
+			victim, soonest = k, st.expireUS
+		}
+		if seen++; seen == evictSample {
+			break
+		}
+	}
+	delete(sh.m, victim)
+	if soonest > s.now() {
+		s.evicted.Add(1)
+	}
 }
 
 func (s *Store) peekLocked(c *limits.Check, now int64) limits.Result {

@@ -45,3 +45,66 @@ func TestEveryAlgorithmHasATwin(t *testing.T) {
 		t.Errorf("%d twins registered for %d algorithms", len(algos), len(limits.Algorithms))
 	}
 }
+
+// TestMaxKeysBounds: a flood of new keys, each with a long TTL, keeps the
+// store at SetMaxKeys (about: a whole number per shard), counting what it
+// dropped; the key just written is kept, and a key drops an expired one
+// before a live one.
+func TestMaxKeysBounds(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.SetMaxKeys(10 * memShards)
+	ctx := context.Background()
+	var r [1]limits.Result
+	check := func(key string, period time.Duration) limits.Check {
+		return limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: 5,
+			PeriodUS: limits.PeriodUS(period), Burst: 5, Cost: 1}
+	}
+	const n = 20000
+	for i := range n {
+		c := check("rg:{flood:"+strconv.Itoa(i)+"}:fw", time.Hour)
+		if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{c}}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := s.TTL(c.Key); !ok {
+			t.Fatalf("key %d dropped as it was written", i)
+		}
+	}
+	if got := s.Len(); got > 10*memShards {
+		t.Fatalf("%d keys after %d new ones, want at most %d", got, n, 10*memShards)
+	}
+	if got, want := s.Evictions(), uint64(n-10*memShards); got != want {
+		t.Fatalf("%d evictions, want %d (every key beyond the bound was live)", got, want)
+	}
+
+	// One key per shard: in a shard holding a live key and an expired one,
+	// a new key takes the expired one's place.
+	s.SetMaxKeys(2 * memShards)
+	var same []string
+	for i := 0; len(same) < 3; i++ {
+		k := "rg:{s:" + strconv.Itoa(i) + "}:fw"
+		if s.shardOf(k) == 0 {
+			same = append(same, k)
+		}
+	}
+	sh := &s.shards[0]
+	sh.mu.Lock()
+	clear(sh.m)
+	now := s.now()
+	sh.m[same[0]] = &state{expireUS: now + time.Hour.Microseconds()}
+	sh.m[same[1]] = &state{expireUS: now - 1}
+	sh.mu.Unlock()
+	before := s.Evictions()
+	if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{check(same[2], time.Hour)}}, r[:]); err != nil {
+		t.Fatal(err)
+	}
+	sh.mu.Lock()
+	_, live := sh.m[same[0]]
+	_, expired := sh.m[same[1]]
+	_, added := sh.m[same[2]]
+	sh.mu.Unlock()
+	if !live || expired || !added || s.Evictions() != before {
+		t.Fatalf("live kept %v, expired kept %v, new added %v, evictions +%d: want the expired key dropped, nothing counted",
+			live, expired, added, s.Evictions()-before)
+	}
+}

@@ -270,21 +270,27 @@ func (s *Store) put(key string, st state) {
 
 // makeRoom drops one key of the full shard sh (its lock held): of a few
 // keys it looks at (map order is random), the one that expires first, an
-// expired one if there is one.
+// expired one if there is one. A lease record is never dropped while it
+// lives (it accounts for slices instances hold; without it more would be
+// handed out): a sample of lease records only lets the shard grow by one.
 func (s *Store) makeRoom(sh *memShard) {
+	now := s.now()
 	var victim string
 	var soonest int64
 	seen := 0
 	for k, st := range sh.m {
-		if victim == "" || st.expireUS < soonest {
+		if (st.lease == nil || st.expireUS <= now) && (victim == "" || st.expireUS < soonest) {
 			victim, soonest = k, st.expireUS
 		}
 		if seen++; seen == evictSample {
 			break
 		}
 	}
+	if victim == "" {
+		return
+	}
 	delete(sh.m, victim)
-	if soonest > s.now() {
+	if soonest > now {
 		s.evicted.Add(1)
 	}
 }

@@ -107,4 +107,30 @@ func TestMaxKeysBounds(t *testing.T) {
 		t.Fatalf("live kept %v, expired kept %v, new added %v, evictions +%d: want the expired key dropped, nothing counted",
 			live, expired, added, s.Evictions()-before)
 	}
+
+	// A live lease record is kept even when it expires first: a counter
+	// goes instead.
+	var more []string
+	for i := 0; len(more) < 3; i++ {
+		k := "rg:{l:" + strconv.Itoa(i) + "}:fw"
+		if s.shardOf(k) == 1 {
+			more = append(more, k)
+		}
+	}
+	sh = &s.shards[1]
+	sh.mu.Lock()
+	clear(sh.m)
+	sh.m[more[0]] = &state{expireUS: now + time.Minute.Microseconds(), lease: []memSlice{{}}}
+	sh.m[more[1]] = &state{expireUS: now + time.Hour.Microseconds()}
+	sh.mu.Unlock()
+	if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{check(more[2], time.Hour)}}, r[:]); err != nil {
+		t.Fatal(err)
+	}
+	sh.mu.Lock()
+	_, lease := sh.m[more[0]]
+	_, counter := sh.m[more[1]]
+	sh.mu.Unlock()
+	if !lease || counter || s.Evictions() != before+1 {
+		t.Fatalf("lease kept %v, counter kept %v, evictions +%d: want the counter dropped and counted", lease, counter, s.Evictions()-before)
+	}
 }

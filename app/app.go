@@ -23,6 +23,7 @@ import (
 	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/handler"
+	"github.com/rategate/rategate/internal/lag"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/metrics"
 	"github.com/rategate/rategate/policy"
@@ -73,6 +74,8 @@ type App struct {
 	cfg   *config.Config
 
 	redis    *redisstore.Store // nil on the memory store
+	lag      *lag.Monitor      // how late goroutines run (closed on the memory store)
+	lagBound time.Duration     // the lag from which timeouts are put down to rategate (starved)
 	store    limits.Store
 	local    *memstore.Store // the local fallback (Redis only)
 	breaker  *limits.Breaker
@@ -101,13 +104,23 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	a.bg, a.stopBG = context.WithCancel(context.Background())
 
-	opened, err := openStore(cfg, opts.RedisURL, a.log)
+	// A decision that times out while rategate itself waits for CPU says
+	// nothing about Redis: the breakers do not count it (limits.Breaker,
+	// Starved) once a goroutine waits a quarter of the decision budget to
+	// run (a decision hands off four times or more).
+	a.lag = lag.Start()
+	a.lagBound = cfg.Redis.Timeout / 4 // redis.timeout takes a restart
+	opened, err := openStore(cfg, opts.RedisURL, a.starved, a.log)
 	if err != nil {
+		a.lag.Close()
 		a.stopBG()
 		return nil, err
 	}
 	store, rs := opened.Store, opened.redis
 	a.store, a.redis = store, rs
+	if rs == nil {
+		a.lag.Close() // no breaker to tell
+	}
 	adaptiveOpts, err := adaptiveOptions(rs, cfg.Redis.KeyPrefix)
 	if err != nil {
 		a.stopBG()
@@ -205,7 +218,14 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 	// once (failure_mode decides) and probes Redis in the background.
 	a.breaker = limits.NewBreaker(rs.Ping, rs.Name(), limits.BreakerOptions{
 		ProbeTimeout: cfg.Redis.Timeout, IsFailure: redisstore.IsStoreFailure, Logger: a.log,
+		Starved: a.starved,
 	})
+	m.AddGaugeFunc("rategate_scheduling_lag_seconds",
+		"Worst delay of the last 250-500ms between a goroutine's wake-up time and its running: from a quarter of redis.timeout, timeouts do not open the store breaker.",
+		func() float64 { return a.lag.Recent().Seconds() })
+	m.AddCounterFunc("rategate_store_breaker_starved_total",
+		"Failures that would have opened the store breaker but were timeouts while rategate was short of CPU.",
+		func() float64 { return float64(a.breaker.Starved()) })
 	m.AddGaugeFunc("rategate_store_breaker_state",
 		"Circuit breaker in front of Redis: 0 closed (deciding), 1 open (failure_mode answers), 2 half-open (trying).",
 		func() float64 { return float64(a.breaker.State()) })
@@ -354,6 +374,11 @@ func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 // StoreName describes the shared store.
 func (a *App) StoreName() string { return a.store.Name() }
 
+// starved reports whether this process has lately been too short of CPU
+// for a timed-out decision to say anything about Redis: a goroutine
+// waited a quarter of redis.timeout or more to run.
+func (a *App) starved() bool { return a.lag.Recent() >= a.lagBound }
+
 // memoryStores returns the in-memory stores: the store itself without
 // Redis, the local fallback beside it.
 func (a *App) memoryStores() []*memstore.Store {
@@ -458,6 +483,7 @@ func (a *App) Close() {
 	}
 	if a.breaker != nil {
 		a.breaker.Close()
+		a.lag.Close()
 	}
 	if a.local != nil {
 		a.local.Close()

@@ -37,7 +37,7 @@ func overlap(d time.Duration) time.Duration {
 // openStore connects to Redis when a URL, cluster or sentinel is configured
 // (redisURL, from -redis or RATEGATE_REDIS_URL, wins over the file), else
 // returns the in-memory store and says so.
-func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedStore, error) {
+func openStore(cfg *config.Config, redisURL string, starved func() bool, log zerolog.Logger) (openedStore, error) {
 	rc := cfg.Redis
 	o := redisstore.Options{Username: rc.Username, Password: rc.Password, Coalesce: redisstore.CoalesceOptions{
 		Disabled:  !rc.Coalesce.Enabled,
@@ -46,7 +46,7 @@ func openStore(cfg *config.Config, redisURL string, log zerolog.Logger) (openedS
 		Wait:      rc.Coalesce.Wait,
 		Overlap:   overlap(rc.Coalesce.OverlapAfter),
 		EvalOnly:  !rc.Functions,
-	}}
+	}, Starved: starved}
 	tlsConf, err := redisTLS(rc.TLS)
 	if err != nil {
 		return openedStore{}, err

@@ -122,7 +122,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := openStore(cfg, "", zerolog.Nop())
+	store, err := openStore(cfg, "", nil, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ rules:
 
 	// Without the client certificate the server refuses the handshake.
 	cfg.Redis.TLS.CertFile, cfg.Redis.TLS.KeyFile = "", ""
-	bare, err := openStore(cfg, "", zerolog.Nop())
+	bare, err := openStore(cfg, "", nil, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,6 +107,15 @@ type BreakerOptions struct {
 	// sharper one (redis.IsStoreFailure). Errors it rejects count as
 	// answers.
 	IsFailure func(error) bool
+	// Starved, when set, reports whether this process has lately been too
+	// short of CPU for a timeout to say anything about the store (a
+	// goroutine waited a good part of the decision budget to run). While
+	// it does, timed-out calls neither open the breaker nor open it again
+	// from half-open: an overloaded rategate is not a dead Redis, and the
+	// failure mode is for a store that fails on its own. Those calls still
+	// fail, and the limiter decides them as any failed call (the local
+	// fallback). Other failures count as ever.
+	Starved func() bool
 	// OnStateChange, when set, is called on every transition, in order,
 	// with the breaker's lock held: it must be quick and must not call the
 	// breaker's store methods (State is fine). A gauge can be kept from
@@ -136,6 +146,11 @@ type Breaker struct {
 	// first of them was seen (UnixNano), 0 when there is none.
 	fails atomic.Int64
 	since atomic.Int64
+	// starved counts failures that would have opened the breaker but
+	// were timeouts while the process was short of CPU (Starved);
+	// starvedLog is when that was last logged (UnixNano).
+	starved    atomic.Uint64
+	starvedLog atomic.Int64
 	// trials counts calls in flight in the half-open state; successes the
 	// half-open successes of the current generation.
 	trials    atomic.Int32
@@ -281,16 +296,49 @@ func (b *Breaker) record(v uint64, trial bool, err error) {
 		}
 		now := time.Now().UnixNano()
 		b.since.CompareAndSwap(0, now) // the first failure of a streak
-		if b.fails.Add(1) >= int64(b.opts.FailureThreshold) && now-b.since.Load() >= int64(b.opts.OpenAfter) {
+		if b.fails.Add(1) >= int64(b.opts.FailureThreshold) && now-b.since.Load() >= int64(b.opts.OpenAfter) && !b.starvedTimeout(err) {
 			b.transition(v, BreakerOpen, err)
 		}
 	case BreakerHalfOpen:
 		if failed {
-			b.transition(v, BreakerOpen, err)
+			if !b.starvedTimeout(err) {
+				b.transition(v, BreakerOpen, err)
+			}
 		} else if b.successes.Add(1) >= int32(b.opts.HalfOpenTrials) {
 			b.transition(v, BreakerClosed, nil)
 		}
 	}
+}
+
+// starvedTimeout reports whether err, a failure that would open the
+// breaker, is a timeout while the process is short of CPU (Starved): it
+// is counted, and logged at most every 10 s.
+func (b *Breaker) starvedTimeout(err error) bool {
+	if b.opts.Starved == nil || !isTimeout(err) || !b.opts.Starved() {
+		return false
+	}
+	b.starved.Add(1)
+	now := time.Now().UnixNano()
+	if last := b.starvedLog.Load(); now-last >= int64(10*time.Second) && b.starvedLog.CompareAndSwap(last, now) {
+		b.opts.Logger.Warn().Err(err).Str("store", b.name).
+			Msg("decisions time out while this process is short of CPU: the store is not taken for down (the breaker stays as it is); " +
+				"those requests are decided by the local fallback. Give rategate more CPU or instances")
+	}
+	return true
+}
+
+// Starved returns how many failures did not open the breaker because they
+// were timeouts while the process was short of CPU.
+func (b *Breaker) Starved() uint64 { return b.starved.Load() }
+
+// isTimeout reports a deadline that passed: the context's, or an I/O
+// deadline of the connection.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
 }
 
 // transition moves the breaker from the state word from to state to, unless

@@ -648,3 +648,66 @@ func TestBreakerFeedsTheLocalFallback(t *testing.T) {
 		t.Fatalf("%d of 20 decisions reached the dead store, want 2 (the threshold)", n)
 	}
 }
+
+// TestBreakerStarvedTimeoutsDoNotOpen: while the process is short of CPU
+// (Starved), timed-out calls neither open the breaker nor reopen it from
+// half-open; other failures still do, and timeouts do again once the
+// process has CPU.
+func TestBreakerStarvedTimeoutsDoNotOpen(t *testing.T) {
+	var starved atomic.Bool
+	timeout := fmt.Errorf("redis store: decide: %w", context.DeadlineExceeded)
+	ioTimeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	f := &fakeStore{}
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 3, Starved: starved.Load})
+
+	starved.Store(true)
+	for i := range 20 {
+		f.set([]error{timeout, ioTimeout}[i%2], nil)
+		if err := decideErr(b); err == nil || errors.Is(err, limits.ErrBreakerOpen) {
+			t.Fatalf("call %d: %v, want the store's timeout", i, err)
+		}
+	}
+	if s := b.State(); s != limits.BreakerClosed || b.Starved() != 18 {
+		t.Fatalf("state %s, %d starved timeouts after 20 while short of CPU; want closed, 18 (every one past the threshold)", s, b.Starved())
+	}
+	f.set(errRefused, nil)
+	if _ = decideErr(b); b.State() != limits.BreakerOpen {
+		t.Fatalf("a refused connection while short of CPU left the breaker %s, want open", b.State())
+	}
+
+	// Half-open: a starved trial's timeout keeps it half-open, another
+	// trial may go; a timeout with CPU to spare reopens it.
+	f.set(timeout, nil)
+	waitState(t, b, limits.BreakerHalfOpen)
+	if err := decideErr(b); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("trial: %v, want its timeout", err)
+	}
+	if s := b.State(); s != limits.BreakerHalfOpen {
+		t.Fatalf("state %s after a starved trial timed out, want half_open", s)
+	}
+	starved.Store(false)
+	if err := decideErr(b); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second trial: %v, want its timeout", err)
+	}
+	if s := b.State(); s != limits.BreakerOpen {
+		t.Fatalf("state %s after a trial timed out with CPU to spare, want open", s)
+	}
+	want := []string{"closed>open", "open>half_open", "half_open>open"}
+	if got := tr.list(); !slices.Equal(got, want) {
+		t.Fatalf("transitions %v, want %v", got, want)
+	}
+
+	// Closed again, with CPU: timeouts open it as before.
+	f.set(nil, nil)
+	waitState(t, b, limits.BreakerHalfOpen)
+	if err := decideErr(b); err != nil {
+		t.Fatal(err)
+	}
+	f.set(timeout, nil)
+	for range 3 {
+		_ = decideErr(b)
+	}
+	if s := b.State(); s != limits.BreakerOpen {
+		t.Fatalf("state %s after 3 timeouts with CPU to spare, want open", s)
+	}
+}

@@ -120,10 +120,11 @@ func New(client Client, name string, co ...CoalesceOptions) (*Store, error) {
 	if len(co) > 0 {
 		o = co[0]
 	}
-	return newRedisStore(client, topo, name, o)
+	return newRedisStore(client, topo, name, o, nil)
 }
 
-func newRedisStore(client Client, topo Topology, name string, co CoalesceOptions) (*Store, error) {
+// starved is Options.Starved.
+func newRedisStore(client Client, topo Topology, name string, co CoalesceOptions, starved func() bool) (*Store, error) {
 	s := &Store{client: client, topology: topo, script: lua.DecideScript, refund: lua.RefundScript, coOpt: co}
 	s.bg.init()
 	s.name.Store(&name)
@@ -140,7 +141,7 @@ func newRedisStore(client Client, topo Topology, name string, co CoalesceOptions
 			addr := c.Options().Addr
 			return newCo(c, func() string { return "redis " + addr }, false)
 		}, limits.BreakerOptions{
-			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure,
+			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure, Starved: starved,
 		})
 		s.bg.goRun(s.nodes.run)
 	} else {
@@ -189,6 +190,9 @@ type Options struct {
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Coalesce says how concurrent decisions share pipelines.
 	Coalesce CoalesceOptions
+	// Starved is given to each Redis Cluster primary's breaker
+	// (limits.BreakerOptions.Starved); nil: none.
+	Starved func() bool
 }
 
 // Open connects a Redis store of the topology o describes. It does not
@@ -237,7 +241,7 @@ func openRedisURL(o Options) (*Store, error) {
 	o.Coalesce = o.shared(clientFields{&opt.Username, &opt.Password, &opt.TLSConfig, &opt.Dialer,
 		&opt.ContextTimeoutEnabled, &opt.PoolSize, &opt.MaxRetries})
 	client := redis.NewClient(opt)
-	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr, o.Coalesce)
+	s, err := newRedisStore(client, Standalone, "redis "+opt.Addr, o.Coalesce, o.Starved)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -258,7 +262,7 @@ func openCluster(co *redis.ClusterOptions, o Options, name string) (*Store, erro
 		co.DialerRetries = 1
 	}
 	client := redis.NewClusterClient(co)
-	s, err := newRedisStore(client, Cluster, name, o.Coalesce)
+	s, err := newRedisStore(client, Cluster, name, o.Coalesce, o.Starved)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -273,7 +277,7 @@ func openSentinel(fo *redis.FailoverOptions, o Options) (*Store, error) {
 		&fo.ContextTimeoutEnabled, &fo.PoolSize, &fo.MaxRetries})
 	fo.ReplicaOnly, fo.RouteByLatency, fo.RouteRandomly = false, false, false
 	client := redis.NewFailoverClient(fo)
-	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")), o.Coalesce)
+	s, err := newRedisStore(client, Sentinel, fmt.Sprintf("redis sentinel %s via %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ",")), o.Coalesce, o.Starved)
 	if err != nil {
 		client.Close()
 		return nil, err

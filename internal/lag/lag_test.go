@@ -1,0 +1,51 @@
+package lag
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestRecentFollowsCPU: on an idle process the lag is small; with more
+// busy goroutines than CPUs for a while it grows past the scheduler's time
+// slice, and once they stop it falls back within two windows.
+func TestRecentFollowsCPU(t *testing.T) {
+	m := Start()
+	defer m.Close()
+	time.Sleep(3 * window)
+	idle := m.Recent()
+
+	var stop sync.WaitGroup
+	quit := make(chan struct{})
+	for range 8 * runtime.GOMAXPROCS(0) {
+		stop.Add(1)
+		go func() {
+			defer stop.Done()
+			for {
+				select {
+				case <-quit:
+					return
+				default:
+				}
+				for i := 0; i < 1e6; i++ { // a busy stretch between checks
+					_ = i * i
+				}
+			}
+		}()
+	}
+	time.Sleep(4 * window)
+	busy := m.Recent()
+	close(quit)
+	stop.Wait()
+	time.Sleep(3 * window)
+	after := m.Recent()
+
+	t.Logf("lag idle %v, busy %v, after %v", idle, busy, after)
+	if busy < 10*time.Millisecond || busy < 4*idle {
+		t.Errorf("lag with %d busy goroutines %v (idle %v), want at least 10ms and 4x idle", 8*runtime.GOMAXPROCS(0), busy, idle)
+	}
+	if after >= busy/2 {
+		t.Errorf("lag %v after the busy goroutines stopped, want well below the %v while they ran", after, busy)
+	}
+}

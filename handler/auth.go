@@ -48,6 +48,11 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
+	if limits.AmbiguousURL(uri) {
+		// "http://a?b/c": Host "a?b" and /c, or Host "a" and ?b/c.
+		h.badRequest(ctx, h.ambiguousURL, limits.RejectMissingURI, start)
+		return
+	}
 	s.route = limits.NormalizeRoute(s.route[:0], uri)
 
 	// The address is copied out at once: PeekAll's result is only valid

@@ -138,7 +138,7 @@ type Handler struct {
 	timeout      time.Duration
 
 	// Answers to bad input, built once from the options.
-	missingURI, badURL, noIP, badCost []byte
+	missingURI, badURL, ambiguousURL, noIP, badCost []byte
 
 	// errLog, denyLog and shadowLog are sampled so that a dead store or an
 	// attack produce a few lines per second, not one per request. The
@@ -238,6 +238,8 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	}
 	h.badURL = []byte("invalid " + url + " header: want an absolute URL such as https://host/path?query, as " +
 		`"proxy_set_header ` + url + " " + urlVars + `;" sets it` + "\n")
+	h.ambiguousURL = []byte("ambiguous absolute URL: a '?' or '#' comes before the first '/' after the host, " +
+		"so the path cannot be told from the Host header the client sent\n")
 	ipVar := "$remote_addr"
 	if h.xff {
 		ipVar = "$proxy_add_x_forwarded_for"

@@ -162,11 +162,7 @@ func decodeAt(path []byte, i int) (byte, int) {
 // absolute-form is returned unchanged and NormalizeRoute roots it.
 //
 // The path starts at the first '/' after "scheme://", even where a '?' or
-// '#' comes before it: ingress-nginx builds X-Original-URL as
-// $scheme://$http_host$request_uri, and $http_host is the client's own Host
-// header, which NGINX lets hold '?' and '#' but never '/', while
-// $request_uri always starts with '/'. So "http://a?b/login" is the
-// request NGINX served as /login (with Host "a?b"), not a query on "/".
+// '#' comes before it (the handler refuses such a URL: AmbiguousURL).
 func absolutePath(uri []byte) []byte {
 	n := schemeLen(uri)
 	if n == 0 {
@@ -177,6 +173,22 @@ func absolutePath(uri []byte) []byte {
 		return rest[j:]
 	}
 	return nil
+}
+
+// AmbiguousURL reports an absolute URL in which a '?' or '#' comes before
+// the first '/' after "scheme://". Its path cannot be told: in
+// ingress-nginx's $scheme://$http_host$request_uri the host is the
+// client's Host header, which may hold '?' and '#', and $request_uri
+// starts with '?' for an absolute-form target without a path ("GET
+// http://a?x HTTP/1.1"), so "http://a?x/1" is Host "a?x" and /1, or Host
+// "a" and / with the query x/1. The handler refuses it.
+func AmbiguousURL(b []byte) bool {
+	n := schemeLen(b)
+	if n == 0 {
+		return false
+	}
+	j := bytes.IndexAny(b[n:], "/?#")
+	return j >= 0 && b[n+j] != '/'
 }
 
 // schemeLen is the length of the "scheme://" b starts with, or 0.

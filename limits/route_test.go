@@ -165,3 +165,14 @@ func FuzzNormalizeRoute(f *testing.F) {
 		}
 	})
 }
+
+func TestAmbiguousURL(t *testing.T) {
+	for in, want := range map[string]bool{
+		"http://a?x/1": true, "https://a#b/c": true, "HTTP://a:80?x": true, "http://a?": true,
+		"http://a/?x": false, "http://a": false, "http:///x": false, "/a?b/c": false, "a?b": false, "http://[::1]/x?y": false,
+	} {
+		if got := AmbiguousURL([]byte(in)); got != want {
+			t.Errorf("AmbiguousURL(%q) = %v, want %v", in, got, want)
+		}
+	}
+}

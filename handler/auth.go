@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rategate/rategate/limits"
@@ -89,7 +90,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 
 	if h.headers != nil {
 		for _, name := range h.headers.RuleHeaders() {
-			if len(hdr.PeekAll(name)) > 1 {
+			if repeated(hdr, name) {
 				// NGINX passes every copy on, and the application may take
 				// another than the first, which a rule would count.
 				h.badRequest(ctx, []byte("duplicate "+name+" header: a header the rate-limit rules read must be sent once\n"),
@@ -147,6 +148,43 @@ func (h *Handler) clientIP(hdr *fasthttp.RequestHeader) (netip.Addr, bool) {
 		return forwardedClient(hdr.PeekAll(h.ipHeaderName), h.trusted)
 	}
 	return parseIP(hdr.PeekCanonical(h.ipHeader))
+}
+
+// repeated reports whether the request sent header name more than once.
+// fasthttp keeps a single value of a few headers (the last one's), so
+// for those the raw header lines are counted.
+func repeated(hdr *fasthttp.RequestHeader, name string) bool {
+	if len(hdr.PeekAll(name)) > 1 {
+		return true
+	}
+	for _, one := range singleValued {
+		if strings.EqualFold(name, one) {
+			return rawCount(hdr.RawHeaders(), name) > 1
+		}
+	}
+	return false
+}
+
+// singleValued are the request headers fasthttp keeps one value of.
+var singleValued = []string{fasthttp.HeaderUserAgent, fasthttp.HeaderContentType, fasthttp.HeaderContentLength,
+	fasthttp.HeaderHost, fasthttp.HeaderConnection, fasthttp.HeaderTransferEncoding, fasthttp.HeaderTrailer}
+
+// rawCount counts the header lines of raw (as the client sent them) named
+// name, in any case.
+func rawCount(raw []byte, name string) int {
+	n := 0
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if c := bytes.IndexByte(line, ':'); c >= 0 && strings.EqualFold(string(bytes.TrimSpace(line[:c])), name) {
+			n++
+		}
+	}
+	return n
 }
 
 // parseCost parses a request cost: a decimal integer in [1, max], optionally

@@ -546,6 +546,18 @@ func TestDuplicateRuleHeader(t *testing.T) {
 
 	l.SetRules([]*limits.Rule{rule("per-ip", 5, time.Minute, limits.KeyIP)})
 	equal(t, 204, send("X-Api-Key: K\r\n", "X-Api-Key: K2\r\n").status, "after a reload no rule reads X-Api-Key")
+
+	// fasthttp keeps one value (the last) of User-Agent and Content-Type,
+	// so their repeats are found in the raw header lines.
+	byAgent := rule("per-agent", 2, time.Minute, limits.KeyHeader)
+	byAgent.Key[0].Header = "User-Agent"
+	json := rule("json", 5, time.Minute, limits.KeyIP)
+	json.Match.Headers = []limits.HeaderMatch{{Name: "Content-Type", Value: []byte("application/json")}}
+	l.SetRules([]*limits.Rule{byAgent, json})
+	equal(t, 204, send("User-Agent: BadBot\r\n").status)
+	equal(t, dup("User-Agent"), send("User-Agent: BadBot\r\n", "user-agent: fresh\r\n"), "a fresh User-Agent after the counted one")
+	equal(t, dup("Content-Type"), send("User-Agent: b\r\n", "Content-Type: application/json\r\n", "Content-Type: text/plain\r\n"), "Content-Type twice")
+	equal(t, 204, send("User-Agent: c\r\n", "Content-Type: application/json\r\n").status, "each once")
 }
 
 // TestEscapedUsersDoNotShareCounters: user names that differ only in bytes

@@ -60,7 +60,11 @@ func (s *Store) lockLease(key, lkey string) func() {
 	if b != a {
 		s.shards[b].mu.Lock()
 	}
+	// A take charges the counter, then writes the lease record: making
+	// room for the one must not drop the other.
+	s.keep(key, lkey)
 	return func() {
+		s.unkeep(key, lkey)
 		if b != a {
 			s.shards[b].mu.Unlock()
 		}

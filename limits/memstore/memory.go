@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,9 @@ const evictSample = 8
 type memShard struct {
 	mu sync.Mutex
 	m  map[string]*state
+	// kept are the keys of the operation holding mu, which making room
+	// for another of its keys must not drop (keep).
+	kept []string
 }
 
 // New returns an in-memory store whose janitor sweeps expired
@@ -189,7 +193,14 @@ func (s *Store) Decide(_ context.Context, b *limits.Batch, results []limits.Resu
 			s.shards[sh].mu.Lock()
 		}
 	}
+	var keys [8]string
+	kept := keys[:0]
+	for i := range b.Checks {
+		kept = append(kept, b.Checks[i].Key)
+	}
+	s.keep(kept...)
 	defer func() {
+		s.unkeep(kept...)
 		for i, sh := range shards {
 			if i == 0 || sh != shards[i-1] {
 				s.shards[sh].mu.Unlock()
@@ -268,6 +279,24 @@ func (s *Store) put(key string, st state) {
 	sh.m[key] = &st
 }
 
+// keep marks keys, whose shards the caller holds locked, as not to be
+// dropped by makeRoom until unkeep: an operation writing several keys must
+// not lose one it has written to make room for the next.
+func (s *Store) keep(keys ...string) {
+	for _, k := range keys {
+		sh := &s.shards[s.shardOf(k)]
+		sh.kept = append(sh.kept, k)
+	}
+}
+
+// unkeep ends keep.
+func (s *Store) unkeep(keys ...string) {
+	for _, k := range keys {
+		sh := &s.shards[s.shardOf(k)]
+		sh.kept = sh.kept[:0]
+	}
+}
+
 // makeRoom drops one key of the full shard sh (its lock held): of a few
 // keys it looks at (map order is random), the one that expires first, an
 // expired one if there is one. A lease record is never dropped while it
@@ -279,7 +308,7 @@ func (s *Store) makeRoom(sh *memShard) {
 	var soonest int64
 	seen := 0
 	for k, st := range sh.m {
-		if (st.lease == nil || st.expireUS <= now) && (victim == "" || st.expireUS < soonest) {
+		if (st.lease == nil || st.expireUS <= now) && (victim == "" || st.expireUS < soonest) && !slices.Contains(sh.kept, k) {
 			victim, soonest = k, st.expireUS
 		}
 		if seen++; seen == evictSample {

@@ -134,3 +134,83 @@ func TestMaxKeysBounds(t *testing.T) {
 		t.Fatalf("lease kept %v, counter kept %v, evictions +%d: want the counter dropped and counted", lease, counter, s.Evictions()-before)
 	}
 }
+
+// TestMaxKeysKeepsTheBatch: making room for one key of a decision never
+// drops another key the same decision wrote. Each batch is a limit-1 key
+// A, the soonest to expire, and a fresh key in A's full shard: A must
+// stay counted, so only the first batch is admitted.
+func TestMaxKeysKeepsTheBatch(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.SetMaxKeys(4 * memShards)
+	ctx := context.Background()
+	fill := func(i int) limits.Check {
+		return limits.Check{Key: "rg:{fill:" + strconv.Itoa(i) + "}:fw", Algorithm: limits.FixedWindow, Limit: 5,
+			PeriodUS: limits.PeriodUS(time.Hour), Burst: 5, Cost: 1}
+	}
+	var r [2]limits.Result
+	for i := range 4000 {
+		if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{fill(i)}}, r[:1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := limits.Check{Key: "rg:{a:1}:fw", Algorithm: limits.FixedWindow, Limit: 1, PeriodUS: limits.PeriodUS(time.Minute), Burst: 1, Cost: 1}
+	admitted := 0
+	for n, i := 0, 4000; n < 200; i++ {
+		c := fill(i)
+		if s.shardOf(c.Key) != s.shardOf(a.Key) {
+			continue
+		}
+		n++
+		ok, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{a, c}}, r[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("%d of 200 batches admitted with a limit of 1 on their first key, want 1", admitted)
+	}
+}
+
+// TestMaxKeysKeepsALeasedCounter: a lease take charges the window counter
+// and then writes the lease record; making room for the record must not
+// drop the counter (or every take would find the whole limit again).
+func TestMaxKeysKeepsALeasedCounter(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.SetMaxKeys(memShards) // one key per shard: the record's insert must make room
+	ctx := context.Background()
+	var r [1]limits.Result
+	for i := range 2000 {
+		c := limits.Check{Key: "rg:{fill:" + strconv.Itoa(i) + "}:fw", Algorithm: limits.FixedWindow, Limit: 5,
+			PeriodUS: limits.PeriodUS(time.Hour), Burst: 5, Cost: 1}
+		if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{c}}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A key whose lease record lives in its own shard.
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := "rg:{leased:" + strconv.Itoa(i) + "}:fw"; s.shardOf(k) == s.shardOf(limits.LeaseKey(k)) {
+			key = k
+		}
+	}
+	var granted int64
+	for i := range 20 {
+		g, err := s.TakeLease(ctx, &limits.LeaseTake{
+			Check: limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: 10,
+				PeriodUS: limits.PeriodUS(time.Minute), Burst: 10, Cost: 1},
+			Want: 10, ID: "i" + strconv.Itoa(i) + "-1",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted += g.Granted
+	}
+	if granted > 10 {
+		t.Fatalf("20 takes of a limit of 10 in one window granted %d", granted)
+	}
+}

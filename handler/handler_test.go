@@ -511,6 +511,18 @@ func TestHostileHeaderValues(t *testing.T) {
 	}
 }
 
+// TestHeadCountsAsGet: a rule on GET keyed on the method counts HEAD
+// under GET: one quota, not two.
+func TestHeadCountsAsGet(t *testing.T) {
+	r := rule("per-method", 1, time.Minute, limits.KeyIP, limits.KeyMethod)
+	r.Match.Methods = []string{"GET", "HEAD"} // config's methods: [GET]
+	ts := pinned(t, Options{}, r)
+	equal(t, 204, ts.auth(t, std("192.0.2.1", "X-Original-Method", "GET")...).status)
+	equal(t, 429, ts.auth(t, std("192.0.2.1", "X-Original-Method", "HEAD")...).status, "HEAD after GET spent the quota")
+	equal(t, 204, ts.auth(t, std("192.0.2.2", "X-Original-Method", "HEAD")...).status)
+	equal(t, 429, ts.auth(t, std("192.0.2.2", "X-Original-Method", "GET")...).status, "GET after HEAD spent the quota")
+}
+
 // TestDuplicateRuleHeader: a header a rule reads (a header key dimension,
 // a header match) sent twice is refused with 400: NGINX passes every copy
 // to the application, which may take another than the one a rule counted

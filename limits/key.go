@@ -73,7 +73,13 @@ func AppendIdentity(dst []byte, r *Rule, req *Request) (out []byte, ok bool) {
 		case KeyRoute:
 			dst = appendEscaped(dst, req.Route)
 		case KeyMethod:
-			dst = appendEscaped(dst, req.Method)
+			// HEAD is GET without the body (a rule on GET matches it
+			// too): one counter, or HEAD would be a second quota.
+			if string(req.Method) == "HEAD" {
+				dst = append(dst, "GET"...)
+			} else {
+				dst = appendEscaped(dst, req.Method)
+			}
 		case KeyHost:
 			dst = appendEscaped(dst, req.Host)
 		case KeyHeader:

@@ -123,6 +123,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	adaptiveOpts, err := adaptiveOptions(rs, cfg.Redis.KeyPrefix)
 	if err != nil {
+		a.lag.Close()
 		a.stopBG()
 		store.Close()
 		return nil, err

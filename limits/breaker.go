@@ -111,10 +111,12 @@ type BreakerOptions struct {
 	// short of CPU for a timeout to say anything about the store (a
 	// goroutine waited a good part of the decision budget to run). While
 	// it does, timed-out calls neither open the breaker nor open it again
-	// from half-open: an overloaded rategate is not a dead Redis, and the
-	// failure mode is for a store that fails on its own. Those calls still
-	// fail, and the limiter decides them as any failed call (the local
-	// fallback). Other failures count as ever.
+	// from half-open, for a second at most from the first such excuse
+	// since the last success or transition: an overloaded rategate is not
+	// a dead Redis, and the failure mode is for a store that fails on its
+	// own, but a Redis that froze meanwhile is still taken for down. Those
+	// calls still fail, and the limiter decides them as any failed call
+	// (the local fallback). Other failures count as ever.
 	Starved func() bool
 	// OnStateChange, when set, is called on every transition, in order,
 	// with the breaker's lock held: it must be quick and must not call the
@@ -148,9 +150,12 @@ type Breaker struct {
 	since atomic.Int64
 	// starved counts failures that would have opened the breaker but
 	// were timeouts while the process was short of CPU (Starved);
-	// starvedLog is when that was last logged (UnixNano).
-	starved    atomic.Uint64
-	starvedLog atomic.Int64
+	// starvedSince is when the first of them since the last success or
+	// transition was excused, starvedLog when that was last logged
+	// (UnixNano).
+	starved      atomic.Uint64
+	starvedSince atomic.Int64
+	starvedLog   atomic.Int64
 	// trials counts calls in flight in the half-open state; successes the
 	// half-open successes of the current generation.
 	trials    atomic.Int32
@@ -291,6 +296,7 @@ func (b *Breaker) record(v uint64, trial bool, err error) {
 			if b.fails.Load() != 0 {
 				b.fails.Store(0)
 				b.since.Store(0)
+				b.starvedSince.Store(0)
 			}
 			return
 		}
@@ -310,15 +316,25 @@ func (b *Breaker) record(v uint64, trial bool, err error) {
 	}
 }
 
+// starvedGrace is how long timeouts while short of CPU may keep the
+// breaker from opening: a Redis that froze while rategate was overloaded
+// must still be taken for down, within about a second.
+const starvedGrace = time.Second
+
 // starvedTimeout reports whether err, a failure that would open the
-// breaker, is a timeout while the process is short of CPU (Starved): it
-// is counted, and logged at most every 10 s.
+// breaker, is a timeout while the process is short of CPU (Starved), and
+// the first such excuse since the last success or transition is younger
+// than starvedGrace: it is counted, and logged at most every 10 s.
 func (b *Breaker) starvedTimeout(err error) bool {
 	if b.opts.Starved == nil || !isTimeout(err) || !b.opts.Starved() {
 		return false
 	}
-	b.starved.Add(1)
 	now := time.Now().UnixNano()
+	b.starvedSince.CompareAndSwap(0, now)
+	if now-b.starvedSince.Load() >= int64(starvedGrace) {
+		return false
+	}
+	b.starved.Add(1)
 	if last := b.starvedLog.Load(); now-last >= int64(10*time.Second) && b.starvedLog.CompareAndSwap(last, now) {
 		b.opts.Logger.Warn().Err(err).Str("store", b.name).
 			Msg("decisions time out while this process is short of CPU: the store is not taken for down (the breaker stays as it is); " +
@@ -352,6 +368,7 @@ func (b *Breaker) transition(from uint64, to BreakerState, cause error) {
 	prev := stateOf(from)
 	next := pack(from>>2+1, to)
 	now := time.Now()
+	b.starvedSince.Store(0)
 	log := b.opts.Logger
 	switch to {
 	case BreakerOpen:

@@ -711,3 +711,22 @@ func TestBreakerStarvedTimeoutsDoNotOpen(t *testing.T) {
 		t.Fatalf("state %s after 3 timeouts with CPU to spare, want open", s)
 	}
 }
+
+// TestBreakerStarvedGraceEnds: timeouts while short of CPU keep the breaker
+// closed for a second at most, so a Redis that froze during an overload
+// is still taken for down.
+func TestBreakerStarvedGraceEnds(t *testing.T) {
+	timeout := fmt.Errorf("redis store: decide: %w", context.DeadlineExceeded)
+	f := &fakeStore{}
+	f.set(timeout, timeout)
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 3, Starved: func() bool { return true }})
+	start := time.Now()
+	for b.State() == limits.BreakerClosed && time.Since(start) < 3*time.Second {
+		_ = decideErr(b)
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	if b.State() != limits.BreakerOpen || took < 900*time.Millisecond || took > 2*time.Second {
+		t.Fatalf("state %s after %v of timeouts while short of CPU, want open after about 1s", b.State(), took)
+	}
+}

@@ -52,19 +52,19 @@ func (m *memLease) remove(i int) {
 
 // lockLease locks the shards of a key and its lease record, in order.
 func (s *Store) lockLease(key, lkey string) func() {
-	a, b := s.shardOf(key), s.shardOf(lkey)
-	if a > b {
-		a, b = b, a
-	}
+	ka, kl := s.shardOf(key), s.shardOf(lkey)
+	a, b := min(ka, kl), max(ka, kl)
 	s.shards[a].mu.Lock()
 	if b != a {
 		s.shards[b].mu.Lock()
 	}
 	// A take charges the counter, then writes the lease record: making
 	// room for the one must not drop the other.
-	s.keep(key, lkey)
+	s.shards[ka].keep(key)
+	s.shards[kl].keep(lkey)
 	return func() {
-		s.unkeep(key, lkey)
+		s.shards[a].kept = s.shards[a].kept[:0]
+		s.shards[b].kept = s.shards[b].kept[:0]
 		if b != a {
 			s.shards[b].mu.Unlock()
 		}

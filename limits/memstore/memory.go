@@ -53,7 +53,8 @@ type memShard struct {
 	mu sync.Mutex
 	m  map[string]*state
 	// kept are the keys of the operation holding mu, which making room
-	// for another of its keys must not drop (keep).
+	// for another of its keys must not drop (keep); it empties them
+	// before it unlocks.
 	kept []string
 }
 
@@ -182,27 +183,25 @@ func (s *Store) Decide(_ context.Context, b *limits.Batch, results []limits.Resu
 			return false, fmt.Errorf("memory store: algorithm %q not implemented", b.Checks[i].Algorithm)
 		}
 	}
-	var idx [8]int
-	shards := idx[:0]
+	var atBuf, idx [8]int
+	at := atBuf[:0] // each check's shard
 	for i := range b.Checks {
-		shards = append(shards, s.shardOf(b.Checks[i].Key))
+		at = append(at, s.shardOf(b.Checks[i].Key))
 	}
+	shards := append(idx[:0], at...)
 	sort.Ints(shards)
 	for i, sh := range shards {
 		if i == 0 || sh != shards[i-1] {
 			s.shards[sh].mu.Lock()
 		}
 	}
-	var keys [8]string
-	kept := keys[:0]
-	for i := range b.Checks {
-		kept = append(kept, b.Checks[i].Key)
+	for i, sh := range at {
+		s.shards[sh].keep(b.Checks[i].Key)
 	}
-	s.keep(kept...)
 	defer func() {
-		s.unkeep(kept...)
 		for i, sh := range shards {
 			if i == 0 || sh != shards[i-1] {
+				s.shards[sh].kept = s.shards[sh].kept[:0]
 				s.shards[sh].mu.Unlock()
 			}
 		}
@@ -279,23 +278,11 @@ func (s *Store) put(key string, st state) {
 	sh.m[key] = &st
 }
 
-// keep marks keys, whose shards the caller holds locked, as not to be
-// dropped by makeRoom until unkeep: an operation writing several keys must
-// not lose one it has written to make room for the next.
-func (s *Store) keep(keys ...string) {
-	for _, k := range keys {
-		sh := &s.shards[s.shardOf(k)]
-		sh.kept = append(sh.kept, k)
-	}
-}
-
-// unkeep ends keep.
-func (s *Store) unkeep(keys ...string) {
-	for _, k := range keys {
-		sh := &s.shards[s.shardOf(k)]
-		sh.kept = sh.kept[:0]
-	}
-}
+// keep marks key, in sh whose lock the caller holds, as not to be dropped
+// by makeRoom until the caller empties kept and unlocks: an operation
+// writing several keys must not lose one it has written to make room for
+// the next.
+func (sh *memShard) keep(key string) { sh.kept = append(sh.kept, key) }
 
 // makeRoom drops one key of the full shard sh (its lock held): of a few
 // keys it looks at (map order is random), the one that expires first, an

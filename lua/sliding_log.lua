@@ -22,9 +22,9 @@
 -- K(oldest) - c(oldest) + need, found by a binary search over ranks, within
 -- the first need entries (each costs at least 1): O(log need) reads, and need
 -- <= c unless a lower limit left more than L in the window. An admission
--- removes the entries that have left (ZREMRANGEBYSCORE: O(log n) plus what
--- leaves) and adds one. So a decision costs O(log n) plus the entries that
--- expire, whatever L is. Denials and looks write nothing but, after a period
+-- removes up to 128 entries that have left, or the whole log when nothing is
+-- left in the window (UNLINK), and adds one. So a decision costs O(log n),
+-- whatever L is. Denials and looks write nothing but, after a period
 -- change, the expiry (below).
 --
 -- reset = until the newest entry leaves (the whole quota is back), 0 when empty.
@@ -140,8 +140,23 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
   return 1, limit - used - cost, reset, 0, at, lastk + cost, cost, reset, limit - used, lreset
 end
 
+-- sliding_log_put drops what has left the window and adds the entry, in
+-- bounded work. k == cost says the window held nothing (every member's
+-- running total includes its own cost of at least 1): the whole log goes,
+-- with UNLINK, which frees a large set off Redis's main thread (a burst of
+-- 10000 entries in one µs leaving together held Redis for milliseconds with
+-- ZREMRANGEBYSCORE). Otherwise the newest entry stays and at most 128 of
+-- the oldest departed ones go, by rank: the rest go with the next
+-- admissions (each adds one entry and removes up to 128). Those left behind
+-- are not counted (the window's sum is read from the running totals), and
+-- their totals are below every later one, so ranks still follow totals.
 local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', sl_int(now - period))
+  if k == cost then
+    redis.call('UNLINK', key)
+  else
+    local gone = redis.call('ZCOUNT', key, '-inf', sl_int(now - period))
+    if gone > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(gone, 128) - 1) end
+  end
   redis.call('ZADD', key, sl_int(at), sl_member(k, cost))
   redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
 end

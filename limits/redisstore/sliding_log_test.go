@@ -20,11 +20,14 @@ import (
 // the default 50 ms budget on a real Redis. It is a measurement with a
 // generous bound, not a speed test: SLOWLOG records every command's own
 // duration inside Redis, and none may exceed 5 ms — denials on the full
-// log, steady admissions (one entry leaves, one comes), and the worst case,
-// an admission just after a whole burst of the limit leaves at once. (Each
-// of them read the whole log before: 7 ms at 10000 entries, 86 ms at 100000.)
+// log, steady admissions (one entry leaves, one comes), an admission just
+// after a whole burst of the limit leaves at once, and one just after all
+// but the newest entry leave. (Each of them read the whole log before: 7 ms
+// at 10000 entries, 86 ms at 100000; the two bursts removed every departed
+// entry at once, 3–6 ms here.) A busy machine only adds to a duration, so
+// the measurement is taken up to three times and the best one counts.
 func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
-	srv := testredis.Start(t, "slowlog-log-slower-than 0", "slowlog-max-len 1000")
+	srv := testredis.Start(t, "slowlog-log-slower-than 0", "slowlog-max-len 10000")
 	client := srv.Client(t)
 	rs, err := New(client, "redis "+srv.Addr, CoalesceOptions{Disabled: true})
 	if err != nil {
@@ -33,13 +36,7 @@ func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
 	ctx := testredis.Ctx(t)
 	const n = limits.MaxSlidingLogLimit
 	p := limits.PeriodUS(time.Hour)
-	start := time.Now().UnixMicro() + p // ahead of Redis's clock: nothing expires
-	c := limits.Check{Key: "rg:{cap:spread}:sl", Algorithm: limits.SlidingLog, Limit: n, PeriodUS: p, Burst: n, Cost: 1}
-	burst := c
-	burst.Key = "rg:{cap:burst}:sl"
 
-	// Fill both keys through the decide script, pipelined: one entry every
-	// P/n for the first, all n in one µs for the second.
 	src, err := lua.Decide()
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +45,7 @@ func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
 	if err := script.Load(ctx, client).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// fill writes n entries through the decide script, pipelined.
 	fill := func(key string, at func(i int64) int64) {
 		for lo := int64(0); lo < n; lo += 500 {
 			pipe := client.Pipeline()
@@ -62,53 +60,88 @@ func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
 			t.Fatalf("%s holds %d entries after the fill, want %d", key, got, n)
 		}
 	}
-	fill(c.Key, func(i int64) int64 { return start + i*(p/n) })
-	fill(burst.Key, func(int64) int64 { return start })
-	if err := rs.Warm(ctx); err != nil { // the script and the library in place first
-		t.Fatal(err)
-	}
-	if err := client.SlowLogReset(ctx).Err(); err != nil {
-		t.Fatal(err)
+	card := func(key string, want int64) {
+		t.Helper()
+		if got := client.ZCard(ctx, key).Val(); got != want {
+			t.Fatalf("%s holds %d entries, want %d", key, got, want)
+		}
 	}
 
-	for i := int64(0); i < 50; i++ {
-		if r := storetest.DecideOne(t, rs, c, start+p-1-i); r.Allowed || r.Remaining != 0 {
-			t.Fatalf("denial %d on the full log: %+v", i, r)
+	// measure fills three keys ahead of Redis's clock (nothing expires by
+	// itself): one entry every P/n, all n in one µs, n-1 in one µs and the
+	// last a µs later; it returns the decisions SLOWLOG saw and the slowest.
+	measure := func(attempt int) (decisions int, slowest time.Duration) {
+		start := time.Now().UnixMicro() + p
+		c := limits.Check{Key: fmt.Sprintf("rg:{cap:spread%d}:sl", attempt), Algorithm: limits.SlidingLog, Limit: n, PeriodUS: p, Burst: n, Cost: 1}
+		burst, tail := c, c
+		burst.Key = fmt.Sprintf("rg:{cap:burst%d}:sl", attempt)
+		tail.Key = fmt.Sprintf("rg:{cap:tail%d}:sl", attempt)
+		fill(c.Key, func(i int64) int64 { return start + i*(p/n) })
+		fill(burst.Key, func(int64) int64 { return start })
+		fill(tail.Key, func(i int64) int64 { return start + i/(n-1) })
+		if err := rs.Warm(ctx); err != nil { // the script and the library in place first
+			t.Fatal(err)
 		}
-	}
-	for i := int64(0); i < 50; i++ {
-		// entry i leaves at start + i*P/n + P
-		if r := storetest.DecideOne(t, rs, c, start+p+i*(p/n)); !r.Allowed || r.Remaining != 0 {
-			t.Fatalf("steady admission %d: %+v", i, r)
+		if err := client.SlowLogReset(ctx).Err(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if r := storetest.DecideOne(t, rs, burst, start+p); !r.Allowed || r.Remaining != n-1 {
-		t.Fatalf("admission after the whole burst left: %+v", r)
-	}
-	if got := client.ZCard(ctx, burst.Key).Val(); got != 1 {
-		t.Fatalf("%d entries left after the burst left, want 1", got)
+
+		for i := int64(0); i < 50; i++ {
+			if r := storetest.DecideOne(t, rs, c, start+p-1-i); r.Allowed || r.Remaining != 0 {
+				t.Fatalf("denial %d on the full log: %+v", i, r)
+			}
+		}
+		for i := int64(0); i < 50; i++ {
+			// entry i leaves at start + i*P/n + P
+			if r := storetest.DecideOne(t, rs, c, start+p+i*(p/n)); !r.Allowed || r.Remaining != 0 {
+				t.Fatalf("steady admission %d: %+v", i, r)
+			}
+		}
+		if r := storetest.DecideOne(t, rs, burst, start+p); !r.Allowed || r.Remaining != n-1 {
+			t.Fatalf("admission after the whole burst left: %+v", r)
+		}
+		card(burst.Key, 1)
+		// n-1 entries have left, the last is still in the window: each
+		// admission removes up to 128 of those that left, and counts exactly.
+		const departed, step = n - 1, 128
+		for j := int64(1); j <= (departed+step-1)/step; j++ {
+			r := storetest.DecideOne(t, rs, tail, start+p)
+			if !r.Allowed || r.Remaining != n-1-j {
+				t.Fatalf("admission %d after all but the newest entry left: %+v, want remaining %d", j, r, n-1-j)
+			}
+			card(tail.Key, 1+j+max(0, departed-step*j))
+		}
+
+		logs, err := client.SlowLogGet(ctx, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range logs {
+			if len(l.Args) == 0 || !strings.EqualFold(l.Args[0], "evalsha") && !strings.EqualFold(l.Args[0], "fcall") {
+				continue
+			}
+			decisions++
+			slowest = max(slowest, l.Duration)
+		}
+		return decisions, slowest
 	}
 
-	logs, err := client.SlowLogGet(ctx, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var decisions int
-	var slowest time.Duration
-	for _, l := range logs {
-		if len(l.Args) == 0 || !strings.EqualFold(l.Args[0], "evalsha") && !strings.EqualFold(l.Args[0], "fcall") {
-			continue
+	const want = 101 + (n-1+127)/128
+	var best time.Duration
+	for attempt := 0; attempt < 3; attempt++ {
+		decisions, slowest := measure(attempt)
+		t.Logf("attempt %d: %d decisions on sliding_log keys of %d entries: slowest %v inside Redis", attempt, decisions, n, slowest)
+		if decisions != want {
+			t.Fatalf("SLOWLOG holds %d decisions, want %d", decisions, want)
 		}
-		decisions++
-		slowest = max(slowest, l.Duration)
+		if attempt == 0 || slowest < best {
+			best = slowest
+		}
+		if best <= 5*time.Millisecond {
+			return
+		}
 	}
-	t.Logf("%d decisions on sliding_log keys of %d entries: slowest %v inside Redis", decisions, n, slowest)
-	if decisions != 101 {
-		t.Fatalf("SLOWLOG holds %d decisions, want 101", decisions)
-	}
-	if slowest > 5*time.Millisecond {
-		t.Fatalf("a decision took %v inside Redis, want < 5ms (the default budget is 50ms for the round trip)", slowest)
-	}
+	t.Fatalf("the slowest decision of the best of three attempts took %v inside Redis, want < 5ms (the default budget is 50ms for the round trip)", best)
 }
 
 // TestSlidingLogForeignMembers: a sliding_log key whose members are not in

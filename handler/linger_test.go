@@ -59,7 +59,7 @@ func TestLingerSkippedAfterClientEnds(t *testing.T) {
 		if err := <-closed; err != nil {
 			t.Errorf("client ended %v: Close: %v", ends, err)
 		}
-		if took := time.Since(start); ends && took > 20*time.Millisecond || !ends && took < 50*time.Millisecond {
+		if took := time.Since(start); ends && took > lingerTime/2 || !ends && took < 50*time.Millisecond {
 			t.Errorf("client ended %v: Close took %v", ends, took)
 		}
 		client.Close()

@@ -264,3 +264,91 @@ func testMatchesModel(t *testing.T, algo limits.Algorithm) {
 		}
 	})
 }
+
+// TestSlidingLogBacklogMatchesModel: sliding_log on Redis removes at most
+// 128 departed entries per admission (or drops a log whose window has
+// emptied), so after a large burst leaves, departed entries stay behind for
+// a while. They must never count: limits of a few hundred, bursts in one
+// microsecond with stragglers after them, departures of whole bursts at
+// once (exactly, 1µs early or late, or of everything), every step against
+// the reference model; the key never holds more entries than the limit, and
+// the sequences reach the bounded removal.
+func TestSlidingLogBacklogMatchesModel(t *testing.T) {
+	seed := Seed(t)
+	rng := rand.New(rand.NewPCG(uint64(seed), 3))
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	rs, err := redisstore.New(client, "redis "+srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testredis.Ctx(t)
+	p := limits.PeriodUS(time.Minute)
+	var bounded, steps int
+	for i := 0; i < 4; i++ {
+		limit := 150 + rng.Int64N(350)
+		c := limits.Check{Key: fmt.Sprintf("rg:{backlog:%d}:sl", i), Algorithm: limits.SlidingLog, Limit: limit, PeriodUS: p, Burst: limit}
+		ref := &slModel{limit: limit, period: p}
+		now := time.Now().UnixMicro() + p // ahead of Redis's clock: nothing expires by itself
+		var hist strings.Builder
+		j := 0
+		step := func(cost int64) {
+			t.Helper()
+			c.Cost = cost
+			gone, err := client.ZCount(ctx, c.Key, "-inf", fmt.Sprint(now-p)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&hist, " (%d,%d)", now, cost)
+			got := DecideOne(t, rs, c, now)
+			if want := ref.decide(now, cost); got != want {
+				t.Fatalf("sequence %d (limit %d) step %d: redis %+v, model %+v; %d departed entries were in the key before it\nsteps (µs, cost):%s", i, limit, j, got, want, gone, hist.String())
+			}
+			if got.Allowed && cost > 0 && gone > 128 {
+				bounded++
+			}
+			if n := client.ZCard(ctx, c.Key).Val(); n > limit {
+				t.Fatalf("sequence %d step %d: the key holds %d entries, more than the limit %d", i, j, n, limit)
+			}
+			j++
+		}
+		cost := func() int64 {
+			switch r := rng.IntN(100); {
+			case r < 3:
+				return 0
+			case r < 15:
+				return 2 + rng.Int64N(4)
+			}
+			return 1
+		}
+		for episode := 0; episode < 8; episode++ {
+			burstAt := now
+			for k := 50 + rng.Int64N(limit); k > 0; k-- { // a burst in one µs, until denied
+				step(1)
+			}
+			for k := rng.IntN(4); k > 0; k-- { // stragglers
+				now += 1 + rng.Int64N(1000)
+				step(cost())
+			}
+			switch r := rng.IntN(10); {
+			case r < 6: // the burst leaves: exactly, 1µs early or late
+				now = max(now, burstAt+p+rng.Int64N(3)-1)
+			case r < 8: // everything leaves
+				now += p + rng.Int64N(p)
+			default:
+				now += rng.Int64N(p / 2)
+			}
+			for k := 20 + rng.IntN(200); k > 0; k-- {
+				if rng.IntN(3) == 0 {
+					now += 1 + rng.Int64N(p/200)
+				}
+				step(cost())
+			}
+		}
+		steps += j
+	}
+	t.Logf("%d steps; %d admissions found more than 128 departed entries", steps, bounded)
+	if bounded < 5 {
+		t.Fatalf("only %d admissions found more than 128 departed entries: the sequences miss the bounded removal", bounded)
+	}
+}

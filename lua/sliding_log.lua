@@ -168,12 +168,17 @@ end
 -- admitted since, one round trip's worth) get their running totals lowered by
 -- its cost, so the log is exactly the one without the request. An entry that
 -- has left the window is no longer counted and is left alone. The TTL follows
--- the newest entry left.
+-- the newest entry left. The search reads the 256 newest entries at or after
+-- t, no more: entries in one µs (a batch shares its instant, and after the
+-- Redis clock steps back every admission takes the newest's time) could
+-- otherwise make one refund read the whole log (10 ms at 10000). A refund
+-- whose entry has more than 255 newer ones gives nothing back: stricter,
+-- never looser.
 local function sliding_log_refund(key, now, limit, period, burst, cost, at, rem, reset)
   local t = at + reset - period
   if t <= now - period then return end
   local s = sl_int(t)
-  local later = redis.call('ZREVRANGEBYSCORE', key, '+inf', s, 'WITHSCORES')
+  local later = redis.call('ZREVRANGEBYSCORE', key, '+inf', s, 'WITHSCORES', 'LIMIT', 0, 256)
   local mine = nil
   for i = 1, #later, 2 do
     if tonumber(later[i + 1]) == t then

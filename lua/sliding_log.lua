@@ -35,9 +35,12 @@
 --
 -- Rule changes (a reload or override changes L or P under a live key): the
 -- entries in the new window count against the new L as they stand; a longer P
--- counts the older entries still kept (an admission drops the ones outside the
--- window of its rule), and any decision that costs something moves the expiry
--- out to P after the newest entry, so that a longer P keeps them to its end.
+-- counts the older entries still kept (an admission drops up to 128 of those
+-- outside the window of its rule, all of them when none is inside; the same
+-- ones come back into the window if the Redis clock steps back), and any
+-- decision that costs something moves the expiry out to P after the newest
+-- entry, so that a longer P keeps them to its end. The memory store keeps
+-- and drops exactly the same entries.
 --
 -- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
 -- on PEXPIRE 1 when a millisecond boundary passes between the command's two
@@ -92,7 +95,7 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
     else
       -- members of another layout (an earlier build, or not rategate's):
       -- no running totals to trust; the identity starts afresh
-      if cost > 0 then redis.call('DEL', key) end
+      if cost > 0 then redis.call('UNLINK', key) end
       fk, lastk = 0, 0
     end
   end
@@ -167,13 +170,17 @@ end
 -- interchangeable, so it removes the newest such; the entries after it (those
 -- admitted since, one round trip's worth) get their running totals lowered by
 -- its cost, so the log is exactly the one without the request. An entry that
--- has left the window is no longer counted and is left alone. The TTL follows
--- the newest entry left. The search reads the 256 newest entries at or after
--- t, no more: entries in one µs (a batch shares its instant, and after the
--- Redis clock steps back every admission takes the newest's time) could
--- otherwise make one refund read the whole log (10 ms at 10000). A refund
--- whose entry has more than 255 newer ones gives nothing back: stricter,
--- never looser.
+-- has left the window is no longer counted and is left alone. The search
+-- reads the 256 newest entries at or after t, no more: entries in one µs (a
+-- batch shares its instant, and after the Redis clock steps back every
+-- admission takes the newest's time) could otherwise make one refund read
+-- the whole log (10 ms at 10000). If the newest entry with the request's
+-- time and cost has more than 255 newer ones, nothing is given back:
+-- stricter, never looser. The TTL is left as the last write set it: it
+-- still covers every entry, and shortening it to this commit's period
+-- would drop entries a rule lengthened since still counts (deleting a key
+-- whose entries have all left would also free, on Redis's main thread, the
+-- departed entries admissions have not removed yet).
 local function sliding_log_refund(key, now, limit, period, burst, cost, at, rem, reset)
   local t = at + reset - period
   if t <= now - period then return end
@@ -191,19 +198,13 @@ local function sliding_log_refund(key, now, limit, period, burst, cost, at, rem,
   end
   if not mine then return end
   redis.call('ZREM', key, later[mine])
-  -- oldest first: each new name is below every name still to be renamed
+  -- oldest first: each new name is below every name still to be renamed,
+  -- and above every older one. The new name goes in before the old one
+  -- leaves, so the key never empties (which would drop its TTL).
   for i = mine - 2, 1, -2 do
     local k, c = sl_parse(later[i])
-    redis.call('ZREM', key, later[i])
     redis.call('ZADD', key, later[i + 1], sl_member(k - cost, c))
-  end
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #newest == 0 then return end
-  local ttl = tonumber(newest[2]) + period - now
-  if ttl <= 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+    redis.call('ZREM', key, later[i])
   end
 end
 

@@ -114,3 +114,92 @@ func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
 		t.Fatalf("%d entries after the refund, want %d", n, limits.MaxSlidingLogLimit-1)
 	}
 }
+
+// TestSlidingLogRefundLeavesTheTTL: a sliding_log refund neither shortens
+// the key's TTL nor deletes the key. The commit it refunds may be of a rule
+// a reload has lengthened since, whose entries must live to the longer
+// period's end (a TTL cut to the commit's period let a key expire while
+// the rule still counted its entries); and a key whose entries have all
+// left may still hold a departed burst that admissions remove 128 at a
+// time, which a DEL would free on Redis's main thread.
+func TestSlidingLogRefundLeavesTheTTL(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	ctx := testredis.Ctx(t)
+	dsrc, err := lua.Decide()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsrc, err := lua.Refund()
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide, refund := redis.NewScript(dsrc), redis.NewScript(rsrc)
+	code := limits.SlidingLog.Code()
+	p := limits.PeriodUS(time.Hour)
+	const limit = 10000
+	t0 := time.Now().UnixMicro() + 2*p
+	run := func(key string, now, period, cost int64) []int64 {
+		t.Helper()
+		r, err := decide.Run(ctx, client, []string{key}, now, code, limit, period, limit, cost, 0).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r // admitted, now, allowed, remaining, reset, retry
+	}
+	giveBack := func(key string, now, period, at, reset int64) {
+		t.Helper()
+		if err := refund.Run(ctx, client, []string{key, key + ":refund:1"}, now, 60000, code, limit, period, limit, 1, at, 0, reset).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A commit under P, then a reload to 2P and an admission under it; the
+	// refund of the first commit carries P.
+	key := "rg:{refund:longer}:sl"
+	z := run(key, t0, p, 1)
+	w := run(key, t0+10, 2*p, 1)
+	if z[0] != 1 || w[0] != 1 {
+		t.Fatalf("admissions: %v, %v", z, w)
+	}
+	giveBack(key, t0+20, p, t0, z[4])
+	// W, at t0+10, counts under 2P until t0+10+2P: its TTL, from t0+20,
+	// must cover 2P-10µs, not P-10µs.
+	if ttl := client.PTTL(ctx, key).Val(); ttl < time.Duration(2*p-1000)*time.Microsecond-time.Second {
+		t.Fatalf("TTL after the refund %v, want about %v (the lengthened period)", ttl, time.Duration(2*p)*time.Microsecond)
+	}
+	if r := run(key, t0+30, 2*p, 0); r[3] != limit-1 {
+		t.Fatalf("after the refund: %d remaining, want %d (W still counts)", r[3], limit-1)
+	}
+
+	// 9999 entries in one µs, X a µs later, A as the burst leaves (128 of
+	// it removed), then A refunded once X has left too.
+	key = "rg:{refund:backlog}:sl"
+	for lo := 0; lo < limit-1; lo += 500 {
+		pipe := client.Pipeline()
+		for i := lo; i < min(lo+500, limit-1); i++ {
+			decide.Run(ctx, pipe, []string{key}, t0, code, limit, p, limit, 1, 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(key, t0+1, p, 1)
+	a := run(key, t0+p, p, 1)
+	if a[0] != 1 || a[3] != limit-2 {
+		t.Fatalf("admission as the burst leaves: %v", a)
+	}
+	giveBack(key, t0+p+1, p, t0+p, a[4])
+	if n := client.ZCard(ctx, key).Val(); n != limit-128 {
+		t.Fatalf("%d entries after the refund, want %d (the departed ones stay until admissions remove them)", n, limit-128)
+	}
+	if r := run(key, t0+p+2, p, 0); r[3] != limit {
+		t.Fatalf("after the refund: %d remaining, want %d (everything has left)", r[3], limit)
+	}
+	if r := run(key, t0+p+3, p, 1); r[0] != 1 || r[3] != limit-1 {
+		t.Fatalf("admission after the refund: %v", r)
+	}
+	if n := client.ZCard(ctx, key).Val(); n != 1 {
+		t.Fatalf("%d entries after an admission into an empty window, want 1", n)
+	}
+}

@@ -16,13 +16,19 @@ import (
 // window's sum is k(newest) - (k(oldest) - cost(oldest)), the oldest entry in
 // the window is found by binary search, and so is a denial's retry: the
 // first entry whose k reaches k(oldest) - cost(oldest) + need. Entries that
-// have left are dropped by admissions only, as in the script, so both stores
-// hold the same entries whatever the verdicts.
+// have left are dropped by admissions only, as many as the script drops (up
+// to slTrim, the oldest first, or all of them when none is left in the
+// window), so both stores hold the same entries whatever the verdicts, and
+// count the same ones after a longer period or a clock step back.
 //
 // st.log aliases the stored state, so it is only read: an admission appends
 // to the slice of the live entries, which at most writes past the stored
 // length, where nothing reads; a request that is then denied by another rule
 // leaves the stored log exactly as it was.
+// slTrim is how many departed entries an admission drops at most, as
+// lua/sliding_log.lua's sliding_log_put does.
+const slTrim = 128
+
 func slidingLog(st *state, now int64, c *limits.Check, solo bool) outcome {
 	var log []logEntry
 	if st.expireUS > now {
@@ -84,7 +90,7 @@ func slidingLog(st *state, now int64, c *limits.Check, solo bool) outcome {
 	entry := logEntry{at: at, cost: c.Cost, k: lastk + c.Cost}
 	next := state{expireUS: at + c.PeriodUS, log: []logEntry{entry}}
 	if len(live) > 0 {
-		next.log = append(live, entry)
+		next.log = append(log[min(i, slTrim):], entry)
 	}
 	r := limits.Result{Allowed: true, Remaining: c.Limit - used - c.Cost, ResetUS: reset}
 	return outcome{r: r, next: next, commit: true, normalized: norm}

@@ -352,3 +352,82 @@ func TestSlidingLogBacklogMatchesModel(t *testing.T) {
 		t.Fatalf("only %d admissions found more than 128 departed entries: the sequences miss the bounded removal", bounded)
 	}
 }
+
+// TestSlidingLogBacklogRedisMatchesMemory: the departed entries an admission
+// leaves behind count again under a longer period or after the clock steps
+// back, so both stores must leave the same ones. Redis and memory in
+// lockstep on bursts of up to a few hundred in one µs leaving at once, with
+// the rule's period switching between one and two minutes and the clock
+// stepping back now and then: every step gives the same Result on both.
+func TestSlidingLogBacklogRedisMatchesMemory(t *testing.T) {
+	seed := Seed(t)
+	rng := rand.New(rand.NewPCG(uint64(seed), 4))
+	srv := testredis.Start(t)
+	rs, err := redisstore.New(srv.Client(t), "redis "+srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := memstore.NewSweeping(time.Hour)
+	defer m.Close()
+	p := limits.PeriodUS(time.Minute)
+	var longer, back int
+	for i := 0; i < 4; i++ {
+		limit := 150 + rng.Int64N(350)
+		c := limits.Check{Key: fmt.Sprintf("rg:{backlog-lockstep:%d}:sl", i), Algorithm: limits.SlidingLog, Limit: limit, PeriodUS: p, Burst: limit}
+		now := time.Now().UnixMicro() + 4*p // ahead of the wall clock, past every step back
+		var hist strings.Builder
+		j := 0
+		step := func(cost int64) {
+			t.Helper()
+			c.Cost = cost
+			fmt.Fprintf(&hist, " (%d,%d,P=%ds)", now, cost, c.PeriodUS/1e6)
+			onRedis, inMemory := DecideOne(t, rs, c, now), DecideOne(t, m, c, now)
+			if onRedis != inMemory {
+				t.Fatalf("sequence %d (limit %d) step %d: redis %+v, memory %+v\nsteps (µs, cost, period):%s", i, limit, j, onRedis, inMemory, hist.String())
+			}
+			j++
+		}
+		for episode := 0; episode < 8; episode++ {
+			burstAt := now
+			for k := 50 + rng.Int64N(limit); k > 0; k-- {
+				step(1)
+			}
+			for k := rng.IntN(4); k > 0; k-- {
+				now += 1 + rng.Int64N(1000)
+				step(1 + rng.Int64N(3))
+			}
+			now = max(now, burstAt+c.PeriodUS+rng.Int64N(3)-1) // the burst leaves
+			step(1)
+			switch rng.IntN(4) { // what it left behind counts again
+			case 0, 1:
+				if c.PeriodUS == p {
+					c.PeriodUS, longer = 2*p, longer+1
+				}
+			case 2:
+				now -= rng.Int64N(p / 2)
+				back++
+			}
+			for k := 20 + rng.IntN(100); k > 0; k-- {
+				switch r := rng.IntN(100); {
+				case r < 4: // a reload changes the period
+					if c.PeriodUS == p {
+						c.PeriodUS, longer = 2*p, longer+1
+					} else {
+						c.PeriodUS = p
+					}
+				case r < 7: // the clock steps back
+					now -= rng.Int64N(p / 2)
+					back++
+				case r < 40:
+					now += 1 + rng.Int64N(p/100)
+				}
+				cost := int64(1)
+				if rng.IntN(10) == 0 {
+					cost = 0
+				}
+				step(cost)
+			}
+		}
+	}
+	t.Logf("periods lengthened %d times, clock stepped back %d times", longer, back)
+}

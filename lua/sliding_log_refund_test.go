@@ -12,18 +12,11 @@ import (
 	"github.com/rategate/rategate/lua"
 )
 
-// TestSlidingLogRefundReadsBoundedLog: a sliding_log refund looks for its
-// entry among the 256 newest at or after the entry's time, no more, so that
-// entries sharing one µs (a batch's instant, or every admission after the
-// Redis clock steps back) cannot make one refund read the whole log. The
-// entry with 200 newer ones is refunded exactly (the newer ones' totals
-// lowered: the counts that follow are right); the one with 300 newer ones
-// gives nothing back (stricter, never looser); and on a log of 10000
-// entries in one µs the newest one is refunded.
-func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	ctx := testredis.Ctx(t)
+// refundScripts starts a redis-server and loads the decide and refund
+// scripts on it.
+func refundScripts(t *testing.T) (*redis.Client, *redis.Script, *redis.Script) {
+	t.Helper()
+	client := testredis.Start(t).Client(t)
 	dsrc, err := lua.Decide()
 	if err != nil {
 		t.Fatal(err)
@@ -34,10 +27,24 @@ func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
 	}
 	decide, refund := redis.NewScript(dsrc), redis.NewScript(rsrc)
 	for _, s := range []*redis.Script{decide, refund} {
-		if err := s.Load(ctx, client).Err(); err != nil {
+		if err := s.Load(testredis.Ctx(t), client).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return client, decide, refund
+}
+
+// TestSlidingLogRefundReadsBoundedLog: a sliding_log refund looks for its
+// entry among the 256 newest at or after the entry's time, no more, so that
+// entries sharing one µs (a batch's instant, or every admission after the
+// Redis clock steps back) cannot make one refund read the whole log. The
+// entry with 200 newer ones is refunded exactly (the newer ones' totals
+// lowered: the counts that follow are right); the one with 300 newer ones
+// gives nothing back (stricter, never looser); and on a log of 10000
+// entries in one µs the newest one is refunded.
+func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
+	client, decide, refund := refundScripts(t)
+	ctx := testredis.Ctx(t)
 	code := limits.SlidingLog.Code()
 	p := limits.PeriodUS(time.Hour)
 	t0 := time.Now().UnixMicro() + p // ahead of Redis's clock: nothing expires by itself
@@ -123,18 +130,8 @@ func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
 // left may still hold a departed burst that admissions remove 128 at a
 // time, which a DEL would free on Redis's main thread.
 func TestSlidingLogRefundLeavesTheTTL(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
+	client, decide, refund := refundScripts(t)
 	ctx := testredis.Ctx(t)
-	dsrc, err := lua.Decide()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rsrc, err := lua.Refund()
-	if err != nil {
-		t.Fatal(err)
-	}
-	decide, refund := redis.NewScript(dsrc), redis.NewScript(rsrc)
 	code := limits.SlidingLog.Code()
 	p := limits.PeriodUS(time.Hour)
 	const limit = 10000

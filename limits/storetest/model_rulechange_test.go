@@ -70,13 +70,7 @@ func changeSteps(rng *rand.Rand, s changeShape, n int) (adv, cost []int64) {
 
 func TestRuleChangeRedisMatchesMemory(t *testing.T) {
 	seed := Seed(t)
-	srv := testredis.Start(t)
-	rs, err := redisstore.New(srv.Client(t), "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := memstore.NewSweeping(time.Hour)
-	defer mem.Close()
+	mem, rs := gtStores(t)
 	ctx := context.Background()
 	for _, algo := range limits.Algorithms {
 		t.Run(string(algo), func(t *testing.T) {

@@ -238,13 +238,7 @@ func testMatchesModel(t *testing.T, algo limits.Algorithm) {
 	})
 	t.Run("redis=memory", func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(seed), 2))
-		srv := testredis.Start(t)
-		rs, err := redisstore.New(srv.Client(t), "redis "+srv.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := memstore.NewSweeping(time.Hour)
-		defer m.Close()
+		m, rs := gtStores(t)
 		const sequences, steps = 50, 60
 		for i := 0; i < sequences; i++ {
 			s := randomSeq(rng, steps)
@@ -362,13 +356,7 @@ func TestSlidingLogBacklogMatchesModel(t *testing.T) {
 func TestSlidingLogBacklogRedisMatchesMemory(t *testing.T) {
 	seed := Seed(t)
 	rng := rand.New(rand.NewPCG(uint64(seed), 4))
-	srv := testredis.Start(t)
-	rs, err := redisstore.New(srv.Client(t), "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := memstore.NewSweeping(time.Hour)
-	defer m.Close()
+	m, rs := gtStores(t)
 	p := limits.PeriodUS(time.Minute)
 	var longer, back int
 	for i := 0; i < 4; i++ {

@@ -6,6 +6,10 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
+// slTrim is how many departed entries an admission drops at most, as
+// lua/sliding_log.lua's sliding_log_put does.
+const slTrim = 128
+
 // slidingLog is the twin of lua/sliding_log.lua: the exact log of the
 // requests admitted in the window (now-P, now]. Allow iff the costs still in
 // the window plus c fit in L; then append {now, c}.
@@ -22,13 +26,9 @@ import (
 // count the same ones after a longer period or a clock step back.
 //
 // st.log aliases the stored state, so it is only read: an admission appends
-// to the slice of the live entries, which at most writes past the stored
+// to the slice of the entries it keeps, which at most writes past the stored
 // length, where nothing reads; a request that is then denied by another rule
 // leaves the stored log exactly as it was.
-// slTrim is how many departed entries an admission drops at most, as
-// lua/sliding_log.lua's sliding_log_put does.
-const slTrim = 128
-
 func slidingLog(st *state, now int64, c *limits.Check, solo bool) outcome {
 	var log []logEntry
 	if st.expireUS > now {

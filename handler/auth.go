@@ -3,6 +3,7 @@ package handler
 import (
 	"bytes"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,19 +151,15 @@ func (h *Handler) clientIP(hdr *fasthttp.RequestHeader) (netip.Addr, bool) {
 	return parseIP(hdr.PeekCanonical(h.ipHeader))
 }
 
-// repeated reports whether the request sent header name more than once.
-// fasthttp keeps a single value of a few headers (the last one's), so
-// for those the raw header lines are counted.
+// repeated reports whether the request sent header name (canonical, as
+// Limiter.RuleHeaders gives it) more than once. fasthttp keeps a single
+// value of a few headers (the last one's), so for those the raw header
+// lines are counted.
 func repeated(hdr *fasthttp.RequestHeader, name string) bool {
 	if len(hdr.PeekAll(name)) > 1 {
 		return true
 	}
-	for _, one := range singleValued {
-		if strings.EqualFold(name, one) {
-			return rawCount(hdr.RawHeaders(), name) > 1
-		}
-	}
-	return false
+	return slices.Contains(singleValued, name) && rawCount(hdr.RawHeaders(), name) > 1
 }
 
 // singleValued are the request headers fasthttp keeps one value of.

@@ -219,7 +219,7 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 	// once (failure_mode decides) and probes Redis in the background.
 	a.breaker = limits.NewBreaker(rs.Ping, rs.Name(), limits.BreakerOptions{
 		ProbeTimeout: cfg.Redis.Timeout, IsFailure: redisstore.IsStoreFailure, Logger: a.log,
-		Starved: a.starved,
+		Starved: a.starved, IsTimeout: redisstore.IsTimeout,
 	})
 	m.AddGaugeFunc("rategate_scheduling_lag_seconds",
 		"Worst delay of the last 250-500ms between a goroutine's wake-up time and its running: from a quarter of redis.timeout, timeouts do not open the store breaker.",

@@ -118,6 +118,10 @@ type BreakerOptions struct {
 	// calls still fail, and the limiter decides them as any failed call
 	// (the local fallback). Other failures count as ever.
 	Starved func() bool
+	// IsTimeout says which failures are timeouts, for Starved; nil: a
+	// context or I/O deadline that passed (redisstore.IsTimeout adds
+	// go-redis's pool timeout).
+	IsTimeout func(error) bool
 	// OnStateChange, when set, is called on every transition, in order,
 	// with the breaker's lock held: it must be quick and must not call the
 	// breaker's store methods (State is fine). A gauge can be kept from
@@ -203,6 +207,9 @@ func NewBreaker(ping func(context.Context) error, name string, opts BreakerOptio
 	}
 	if opts.HalfOpenTrials <= 0 {
 		opts.HalfOpenTrials = DefaultHalfOpenTrials
+	}
+	if opts.IsTimeout == nil {
+		opts.IsTimeout = isTimeout
 	}
 	if opts.IsFailure == nil {
 		opts.IsFailure = isFailure
@@ -326,7 +333,7 @@ const starvedGrace = time.Second
 // the first such excuse since the last success or transition is younger
 // than starvedGrace: it is counted, and logged at most every 10 s.
 func (b *Breaker) starvedTimeout(err error) bool {
-	if b.opts.Starved == nil || !isTimeout(err) || !b.opts.Starved() {
+	if b.opts.Starved == nil || !b.opts.IsTimeout(err) || !b.opts.Starved() {
 		return false
 	}
 	now := time.Now().UnixNano()

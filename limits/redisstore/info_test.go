@@ -63,6 +63,7 @@ func TestErrorKinds(t *testing.T) {
 		{oomScript, limits.KindOOM},
 		{fmt.Errorf("redis store: decide: %w", oomScript), limits.KindOOM},
 		{redis.ErrCrossSlot, limits.KindCluster},
+		{redis.ErrPoolTimeout, limits.KindTimeout},
 		{context.Canceled, limits.KindOther},
 	} {
 		if c.err == nil {
@@ -70,6 +71,10 @@ func TestErrorKinds(t *testing.T) {
 		}
 		if got := ErrorKind(c.err); got != c.want {
 			t.Errorf("ErrorKind(%v) = %s, want %s", c.err, got, c.want)
+		}
+		// the breakers' starvation guard excuses exactly these timeouts
+		if got := IsTimeout(c.err); got != (c.want == limits.KindTimeout) {
+			t.Errorf("IsTimeout(%v) = %v", c.err, got)
 		}
 	}
 }

@@ -141,7 +141,7 @@ func newRedisStore(client Client, topo Topology, name string, co CoalesceOptions
 			addr := c.Options().Addr
 			return newCo(c, func() string { return "redis " + addr }, false)
 		}, limits.BreakerOptions{
-			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure, Starved: starved,
+			ProbeTimeout: co.withDefaults().Budget, IsFailure: IsStoreFailure, Starved: starved, IsTimeout: IsTimeout,
 		})
 		s.bg.goRun(s.nodes.run)
 	} else {
@@ -710,6 +710,10 @@ func (b *background) close() {
 	b.cancel()
 	b.wg.Wait()
 }
+
+// IsTimeout reports a store error that is a deadline passing (ErrorKind's
+// timeout: the context's, an I/O deadline, go-redis's pool timeout).
+func IsTimeout(err error) bool { return ErrorKind(err) == limits.KindTimeout }
 
 // IsStoreFailure is the failure test a breaker in front of a Redis store
 // uses (BreakerOptions.IsFailure). It reports whether err means the store

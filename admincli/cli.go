@@ -505,6 +505,10 @@ func describeRaw(r *limits.RawValue) string {
 		return "none (no stored state: full quota)"
 	case "hash":
 		return "hash " + limits.JoinPairs(r.Hash, " ") + ttl
+	case "string":
+		if r.Record != nil {
+			return "record " + limits.JoinPairs(r.Record, " ") + ttl
+		}
 	case "zset":
 		parts := make([]string, 0, min(len(r.ZSet), 5))
 		for i, m := range r.ZSet {

@@ -161,13 +161,19 @@ func TestKeysAndTopEveryAlgorithm(t *testing.T) {
 					t.Fatalf("inspect: %+v, want key %s, remaining 0, a reset and a raw value", k1, wantKey)
 				}
 				wantType := "hash"
-				if alg == limits.SlidingLog {
+				switch info, _ := alg.Info(); {
+				case alg == limits.SlidingLog:
 					wantType = "zset"
+				case info.Record != nil:
+					wantType = "string"
+					if len(k1.Raw.Record) != len(info.Record) {
+						t.Fatalf("raw %+v, want the record's %d numbers", k1.Raw, len(info.Record))
+					}
 				}
 				if k1.Raw.Type != wantType || k1.Raw.TTLMS <= 0 {
 					t.Fatalf("raw %+v, want a %s with a TTL", k1.Raw, wantType)
 				}
-				if fmt.Sprint(k1.Raw.Hash, k1.Raw.ZSet) != fmt.Sprint(k2.Raw.Hash, k2.Raw.ZSet) || k2.Remaining != 0 {
+				if fmt.Sprint(k1.Raw.Hash, k1.Raw.ZSet, k1.Raw.Record) != fmt.Sprint(k2.Raw.Hash, k2.Raw.ZSet, k2.Raw.Record) || k2.Remaining != 0 {
 					t.Fatalf("inspecting consumed or changed state: %+v then %+v", k1.Raw, k2.Raw)
 				}
 
@@ -422,7 +428,7 @@ rules:
 	}
 	var k admin.KeyView
 	s.api("GET", "/v1/keys/multi?ip=192.0.2.1&user=alice&route=/a/../b&method=get&host=API.example.com&header.x-plan=gold", "", 200, &k)
-	if want := s.limiter.Prefix() + ":{multi:192.0.2.1|alice|/b|GET|api.example.com|gold}:fw"; k.Key != want {
+	if want := s.limiter.Prefix() + ":{multi:192.0.2.1|alice|/b|GET|api.example.com|gold}:fw2"; k.Key != want {
 		t.Fatalf("key %q, want %q", k.Key, want)
 	}
 }

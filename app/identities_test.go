@@ -116,7 +116,7 @@ func TestIdentityAPI(t *testing.T) {
 		var v policy.IdentityView
 		s.api("PUT", "/v1/rules/api/identities?user=acme", `{"limit":5,"reason":"trial","ttl":"1h"}`, 200, &v)
 		if v.Action != "limit" || v.Effective == nil || v.Effective.Limit != 5 || v.Effective.Burst != 5 || v.Reason != "trial" || v.ExpiresAt == nil ||
-			v.Key != s.limiter.Prefix()+":{api:acme}:gc" || !strings.HasPrefix(v.SetBy, "127.0.0.1:") {
+			v.Key != s.limiter.Prefix()+":{api:acme}:gc2" || !strings.HasPrefix(v.SetBy, "127.0.0.1:") {
 			t.Fatalf("PUT answer: %+v", v)
 		}
 		ask := func(u string) (int, string) {

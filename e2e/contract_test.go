@@ -637,7 +637,7 @@ func TestDenialLogs(t *testing.T) {
 			want := map[string]any{
 				"rule": "plan", "ip": "127.0.0.1", "user": user, "route": "/user/feed", "method": "GET", "host": "127.0.0.1",
 				"headers": map[string]any{"X-Plan": "gold"},
-				"key":     "rg:{plan:127.0.0.1|" + user + "|/user/feed|GET|127.0.0.1|gold}:fw",
+				"key":     "rg:{plan:127.0.0.1|" + user + "|/user/feed|GET|127.0.0.1|gold}:fw2",
 				"limit":   float64(2), "remaining": float64(0), "cost": float64(1), "period_ms": float64(86_400_000),
 			}
 			for k, w := range want {

@@ -63,7 +63,7 @@ func TestDenialLogLine(t *testing.T) {
 		"method":         "POST",
 		"host":           "api.example.com",
 		"headers":        map[string]any{"X-Plan": "free"},
-		"key":            "rg:{per-plan:2001:db8:1:2::/64|alice|/api/items|POST|api.example.com|free}:fw",
+		"key":            "rg:{per-plan:2001:db8:1:2::/64|alice|/api/items|POST|api.example.com|free}:fw2",
 		"limit":          float64(1),
 		"period_ms":      float64(60000),
 		"remaining":      float64(0),
@@ -117,7 +117,7 @@ func TestShadowLogLine(t *testing.T) {
 		"route":          "/login",
 		"method":         "GET",
 		"host":           lines[0]["host"], // the test server's address
-		"key":            "rg:{try-strict:192.0.2.1}:fw",
+		"key":            "rg:{try-strict:192.0.2.1}:fw2",
 		"limit":          float64(1),
 		"period_ms":      float64(60000),
 		"remaining":      float64(0),

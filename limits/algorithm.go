@@ -22,8 +22,17 @@ type AlgorithmInfo struct {
 	// <Name>, <Name>_put and <Name>_refund.
 	Code int
 	// Suffix ends its keys (<prefix>:{<rule>:<identity>}:<suffix>), so two
-	// algorithms never read each other's state.
+	// algorithms never read each other's state. A trailing digit counts the
+	// record's layouts: a build that changes the layout changes the
+	// suffix, so builds that share a Redis during a rolling update never
+	// read each other's records (each counts on its own until the old one
+	// is gone; the new one starts afresh, once).
 	Suffix string
+	// Record names the numbers of the algorithm's Redis record, in order,
+	// when it is a string of little-endian doubles (struct.pack('<dd…') in
+	// lua/<Name>.lua; a double holds every integer below 2^53 exactly);
+	// nil when the record is a hash or a sorted set.
+	Record []string
 	// Burst says whether it has a burst separate from its limit.
 	Burst bool
 	// MaxLimit bounds a rule's limit below the general bound; 0 = none.
@@ -47,11 +56,11 @@ const MaxSlidingLogLimit = 10_000
 // algorithmTable is the one list of algorithms, in code order (the order the
 // docs present them).
 var algorithmTable = [...]AlgorithmInfo{
-	{Name: FixedWindow, Code: 1, Suffix: "fw", Leasable: true},
+	{Name: FixedWindow, Code: 1, Suffix: "fw2", Leasable: true, Record: []string{"e", "n"}},
 	{Name: SlidingLog, Code: 2, Suffix: "sl", MaxLimit: MaxSlidingLogLimit},
-	{Name: SlidingWindow, Code: 3, Suffix: "sw", Leasable: true},
-	{Name: GCRA, Code: 4, Suffix: "gc", Burst: true, Leasable: true},
-	{Name: TokenBucket, Code: 5, Suffix: "tb", Burst: true, Leasable: true},
+	{Name: SlidingWindow, Code: 3, Suffix: "sw2", Leasable: true, Record: []string{"e", "c", "p", "d"}},
+	{Name: GCRA, Code: 4, Suffix: "gc2", Burst: true, Leasable: true, Record: []string{"t", "f", "l", "p"}},
+	{Name: TokenBucket, Code: 5, Suffix: "tb2", Burst: true, Leasable: true, Record: []string{"tokens", "ts", "l", "p", "b"}},
 }
 
 // Algorithms lists every algorithm in code order.
@@ -99,6 +108,17 @@ func (a Algorithm) Leasable() bool {
 func (a Algorithm) Code() int {
 	info, _ := a.Info()
 	return info.Code
+}
+
+// AlgorithmOfKey returns the row of the algorithm whose keys end like key
+// (":" and its suffix).
+func AlgorithmOfKey(key string) (AlgorithmInfo, bool) {
+	for i := range algorithmTable {
+		if s := algorithmTable[i].Suffix; len(key) > len(s) && key[len(key)-len(s)-1] == ':' && key[len(key)-len(s):] == s {
+			return algorithmTable[i], true
+		}
+	}
+	return AlgorithmInfo{}, false
 }
 
 // Suffix returns the key suffix of the algorithm's keys ("xx" for a name

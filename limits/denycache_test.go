@@ -400,7 +400,7 @@ func TestDenyCacheCost(t *testing.T) {
 	dcWant(t, "cost 5 again", d, false, true)
 	v := d.Verdicts[0]
 	if d.Denier != 0 || len(d.Verdicts) != 1 || v.Result.RetryUS != end-now || v.Result.Remaining != 2 || v.Cost != 5 ||
-		v.Key != "rg:{per-user:u}:fw" {
+		v.Key != "rg:{per-user:u}:fw2" {
 		t.Fatalf("cached verdict %+v (denier %d), want retry %d remaining 2 cost 5", v, d.Denier, end-now)
 	}
 	// Cost 7 exceeds the limit: denied from the cache, reported as never fitting.
@@ -488,7 +488,7 @@ func TestDenyCacheForget(t *testing.T) {
 	if c.Len() != 2 {
 		t.Fatalf("Len %d, want 2", c.Len())
 	}
-	c.Forget("rg:{per-user:u}:fw")
+	c.Forget("rg:{per-user:u}:fw2")
 	if c.Len() != 1 {
 		t.Fatalf("Len %d after Forget, want 1", c.Len())
 	}
@@ -500,10 +500,10 @@ func TestDenyCacheForget(t *testing.T) {
 		heard = append(heard, key)
 		return errors.New("no peers")
 	}))
-	if err := c.KeyReset(context.Background(), "rg:{per-user:v}:fw"); err == nil {
+	if err := c.KeyReset(context.Background(), "rg:{per-user:v}:fw2"); err == nil {
 		t.Fatal("KeyReset hid the announcer's error")
 	}
-	if len(heard) != 1 || heard[0] != "rg:{per-user:v}:fw" || c.Len() != 1 {
+	if len(heard) != 1 || heard[0] != "rg:{per-user:v}:fw2" || c.Len() != 1 {
 		t.Fatalf("announced %q, Len %d; want the key announced and forgotten (u's entry left)", heard, c.Len())
 	}
 }
@@ -542,7 +542,7 @@ func TestDenyCacheGenerationRace(t *testing.T) {
 		{"nothing in between", func(*limits.Limiter, *limits.DenyCache) {}, true},
 		{"SetRules", func(l *limits.Limiter, _ *limits.DenyCache) { l.SetRules([]*limits.Rule{r}) }, false},
 		{"Clear", func(_ *limits.Limiter, c *limits.DenyCache) { c.Clear() }, false},
-		{"Forget", func(_ *limits.Limiter, c *limits.DenyCache) { c.Forget("rg:{per-user:u}:fw") }, false},
+		{"Forget", func(_ *limits.Limiter, c *limits.DenyCache) { c.Forget("rg:{per-user:u}:fw2") }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := memstore.NewSweeping(time.Hour)

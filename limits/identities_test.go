@@ -390,13 +390,13 @@ func TestKeyIdentity(t *testing.T) {
 	req := &limits.Request{User: []byte("a b|c"), Route: []byte("/x")}
 	id, ok := limits.KeyIdentity(r, req)
 	key := string(limits.AppendKey(nil, "rg", r, mustIdent(t, r, req)))
-	if !ok || id != "a%20b%7Cc|/x" || key != "rg:{r:"+id+"}:gc" {
+	if !ok || id != "a%20b%7Cc|/x" || key != "rg:{r:"+id+"}:gc2" {
 		t.Fatalf("id %q key %q", id, key)
 	}
 	long := &limits.Request{User: make([]byte, 200), Route: []byte("/x")}
 	id, _ = limits.KeyIdentity(r, long)
 	key = string(limits.AppendKey(nil, "rg", r, mustIdent(t, r, long)))
-	if len(id) != 33 || id[0] != '#' || key != "rg:{r:"+id+"}:gc" {
+	if len(id) != 33 || id[0] != '#' || key != "rg:{r:"+id+"}:gc2" {
 		t.Fatalf("long identity %q in key %q", id, key)
 	}
 	if got := string(limits.IdentityOfKey([]byte(key), "rg", r)); got != id {

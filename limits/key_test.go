@@ -34,19 +34,19 @@ func TestKeyLayout(t *testing.T) {
 		req  Request
 		want string
 	}{
-		{"global", Rule{Name: "global", Algorithm: FixedWindow}, Request{}, "rg:{global:}:fw"},
+		{"global", Rule{Name: "global", Algorithm: FixedWindow}, Request{}, "rg:{global:}:fw2"},
 		{"ip", Rule{Name: "per-ip", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: GCRA},
-			Request{IP: []byte("203.0.113.7")}, "rg:{per-ip:203.0.113.7}:gc"},
+			Request{IP: []byte("203.0.113.7")}, "rg:{per-ip:203.0.113.7}:gc2"},
 		{"ipv6", Rule{Name: "per-ip", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: TokenBucket},
-			Request{IP: []byte("2001:db8::1")}, "rg:{per-ip:2001:db8::1}:tb"},
+			Request{IP: []byte("2001:db8::1")}, "rg:{per-ip:2001:db8::1}:tb2"},
 		{"user and route", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}, {Kind: KeyRoute}}, Algorithm: SlidingLog},
 			Request{User: []byte("alice"), Route: []byte("/api/x")}, "rg:{u:alice|/api/x}:sl"},
 		{"anonymous user falls back to ip", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: SlidingWindow},
-			Request{IP: []byte("10.0.0.1")}, "rg:{u:=10.0.0.1}:sw"},
+			Request{IP: []byte("10.0.0.1")}, "rg:{u:=10.0.0.1}:sw2"},
 		{"hostile user escaped", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: FixedWindow},
-			Request{User: []byte("a}:b{c d|e%")}, "rg:{u:a%7D:b%7Bc%20d%7Ce%25}:fw"},
+			Request{User: []byte("a}:b{c d|e%")}, "rg:{u:a%7D:b%7Bc%20d%7Ce%25}:fw2"},
 		{"header", Rule{Name: "plan", Key: []KeyPart{{Kind: KeyHeader, Header: "X-Plan"}, {Kind: KeyMethod}, {Kind: KeyHost}}, Algorithm: FixedWindow},
-			Request{Headers: hdrs{"X-Plan": "free"}, Method: []byte("GET"), Host: []byte("api.example.com")}, "rg:{plan:free|GET|api.example.com}:fw"},
+			Request{Headers: hdrs{"X-Plan": "free"}, Method: []byte("GET"), Host: []byte("api.example.com")}, "rg:{plan:free|GET|api.example.com}:fw2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

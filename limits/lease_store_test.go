@@ -216,7 +216,7 @@ func TestLeaseScriptMatchesTwin(t *testing.T) {
 						fail("peek: %v / %v", err1, err2)
 					}
 					if p1 != p2 {
-						raw, _ := client.HGetAll(ctx, key).Result()
+						raw := testredis.KeyState(t, client, key)
 						log = append(log, fmt.Sprintf("%d peek: redis %+v memory %+v (redis holds %v)", now, p1, p2, raw))
 						fail("peeks differ")
 					}

@@ -199,7 +199,7 @@ func TestLeaseSliceGrowsOnlyWithSpending(t *testing.T) {
 	}
 	// The global count holds the one admission and what is held, nothing more.
 	g.lims[0].ReturnLeases(context.Background(), g.now)
-	res, _ := g.mem.PeekAt(global.Check("lt:{global:}:fw", 0), g.now)
+	res, _ := g.mem.PeekAt(global.Check("lt:{global:}:fw2", 0), g.now)
 	if used := global.Limit - res.Remaining; used != 1 {
 		t.Fatalf("the global count holds %d after the returns, want 1", used)
 	}
@@ -233,19 +233,19 @@ func TestLeaseMultiRuleAllOrNothing(t *testing.T) {
 				t.Fatalf("per-user was asked on a leased denial: %+v", d.Verdicts[1])
 			}
 			dc := g.lims[0].DenyCache()
-			if dc.Holds("lt:{global:}:fw", global, 1, g.now) {
+			if dc.Holds("lt:{global:}:fw2", global, 1, g.now) {
 				t.Fatal("a leased denial was cached")
 			}
 		}
 	}
 	// u1's denied request took nothing from its per-user quota.
-	res, _ := g.mem.PeekAt(perUser.Check("lt:{per-user:u1}:fw", 0), g.now)
+	res, _ := g.mem.PeekAt(perUser.Check("lt:{per-user:u1}:fw2", 0), g.now)
 	if res.Remaining != 1 {
 		t.Fatalf("u1 has %d of per-user left, want 1", res.Remaining)
 	}
 	// 5 admitted of 5: nothing is held, nothing lost.
 	g.lims[0].ReturnLeases(ctx, g.now)
-	res, _ = g.mem.PeekAt(global.Check("lt:{global:}:fw", 0), g.now)
+	res, _ = g.mem.PeekAt(global.Check("lt:{global:}:fw2", 0), g.now)
 	if res.Remaining != 0 {
 		t.Fatalf("global has %d left after 5 admissions, want 0", res.Remaining)
 	}
@@ -342,7 +342,7 @@ func TestLeaseRuleChangeReturnsSlices(t *testing.T) {
 		t.Fatalf("after the change %d keys, %d units held", keys, units)
 	}
 	g.lims[0].SweepLeasesAt(ctx, g.now)
-	look, _ := g.mem.LookLease(ctx, r2.Check("lt:{global:}:tb", 0), g.now)
+	look, _ := g.mem.LookLease(ctx, r2.Check("lt:{global:}:tb2", 0), g.now)
 	if len(look.Slices) != 0 {
 		t.Fatalf("slices left in the store after the change: %+v", look)
 	}
@@ -400,7 +400,7 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 		g.now += 10
 		g.decide(0, "", 0)
 	}
-	e := l.LeaseEntry("lt:{global:}:fw", r, g.now)
+	e := l.LeaseEntry("lt:{global:}:fw2", r, g.now)
 	ep, ok := e.TrySpend(1, g.now)
 	if !ok {
 		t.Fatal("nothing to spend")
@@ -454,7 +454,7 @@ func TestLeaseInspectAndReset(t *testing.T) {
 	if keys, _ := g.lims[0].LeasesHeld(); keys != 0 {
 		t.Fatal("the resetting instance kept its lease")
 	}
-	res, _ := g.mem.PeekAt(r.Check("lt:{global:}:fw", 0), g.now)
+	res, _ := g.mem.PeekAt(r.Check("lt:{global:}:fw2", 0), g.now)
 	if used := r.Limit - res.Remaining; used < held1 {
 		t.Fatalf("after the reset the count holds %d, instance 1 still holds %d", used, held1)
 	}
@@ -622,7 +622,7 @@ func TestLeaseTakeInLaterWindow(t *testing.T) {
 	if st.Wasted < held {
 		t.Fatalf("the earlier window's %d units are not all ended: stats %+v", held, st)
 	}
-	windows, avail := l.LeaseSlices("lw:{global:}:fw", r, now)
+	windows, avail := l.LeaseSlices("lw:{global:}:fw2", r, now)
 	for _, w := range windows {
 		if w != (now/1_000_000+1)*1_000_000+1_000_000 {
 			t.Fatalf("a slice of another window is held: %v (now %d)", windows, now)
@@ -630,7 +630,7 @@ func TestLeaseTakeInLaterWindow(t *testing.T) {
 	}
 	// The next window's count holds the request and what is held, nothing
 	// of the earlier one.
-	res, _ := mem.PeekAt(r.Check("lw:{global:}:fw", 0), now+2000)
+	res, _ := mem.PeekAt(r.Check("lw:{global:}:fw2", 0), now+2000)
 	if used := r.Limit - res.Remaining; used != held+1+avail {
 		t.Fatalf("the new window's count holds %d; the request took %d and %d are held", used, held+1, avail)
 	}
@@ -651,8 +651,8 @@ func TestLeaseDroppedWhenStoreLosesData(t *testing.T) {
 		t.Fatal("nothing held")
 	}
 	// The store loses everything (FLUSHALL), and another instance counts 5.
-	g.mem.Reset(context.Background(), r.Check("lt:{global:}:fw", 0))
-	g.mem.Reset(context.Background(), r.Check(limits.LeaseKey("lt:{global:}:fw"), 0))
+	g.mem.Reset(context.Background(), r.Check("lt:{global:}:fw2", 0))
+	g.mem.Reset(context.Background(), r.Check(limits.LeaseKey("lt:{global:}:fw2"), 0))
 	g.lims[0].DropLeases()
 	if keys, units := g.lims[0].LeasesHeld(); keys != 0 || units != 0 {
 		t.Fatalf("after the drop %d keys, %d units held", keys, units)

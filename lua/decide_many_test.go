@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
 )
 
 // manyDecision is one decision of a DecideMany call: its keys and
@@ -248,12 +249,8 @@ func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way 
 	}
 	for _, n := range names {
 		km, ko := inSpace(ms)(n), inSpace(os)(n)
-		m := client.HGetAll(ctx, km).Val()
-		o := client.HGetAll(ctx, ko).Val()
-		zm := client.ZRangeWithScores(ctx, km, 0, -1)
-		zo := client.ZRangeWithScores(ctx, ko, 0, -1)
-		if !reflect.DeepEqual(m, o) || !reflect.DeepEqual(zm.Val(), zo.Val()) {
-			t.Fatalf("key %s: DecideMany left %v %v, Decide %v %v", n, m, zm.Val(), o, zo.Val())
+		if m, o := testredis.KeyState(t, client, km), testredis.KeyState(t, client, ko); m != o {
+			t.Fatalf("key %s: DecideMany left %s, Decide %s", n, m, o)
 		}
 		// The same expiry, up to the few milliseconds between the calls
 		// (-1: none, -2: no key).
@@ -307,7 +304,7 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 			t.Errorf("decision %d on a: %v, want admitted = %d", i, got[i], admitted)
 		}
 	}
-	if n := client.HGet(ctx, "rg:{e}:a", "n").Val(); n != "2" {
+	if n := fwCount(t, client, "rg:{e}:a"); n != "2" {
 		t.Errorf("a counts %q, want 2", n)
 	}
 	// A decision of several checks that fails last in its call, after its
@@ -420,7 +417,10 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 	if err := client.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{3, 5, 60_000_000, 5, 2})...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	before := client.HGetAll(ctx, key).Val()
+	before := testredis.KeyState(t, client, key)
+	if !strings.HasPrefix(before, "string ") {
+		t.Fatalf("%s holds %s, want a sliding_window record", key, before)
+	}
 	keys := []string{key, "rg:{b}:o", "rg:{b}:next"}
 	for what, bad := range map[string]any{"shape 7": 7, "shape 0": 0, "shape x": "x", "shape missing": ""} {
 		// m=2, r=1 shape {sliding_window, 5, 90 s, 5, not shadow, cost 1};
@@ -434,11 +434,11 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 		if r, ok := got[1].([]any); !ok || r[0] != int64(1) {
 			t.Errorf("%s: decision 2 answered %v, want admitted", what, got[1])
 		}
-		if after := client.HGetAll(ctx, key).Val(); !reflect.DeepEqual(before, after) {
+		if after := testredis.KeyState(t, client, key); before != after {
 			t.Errorf("%s: the failed decision rewrote %v to %v", what, before, after)
 		}
 	}
-	next := client.HGetAll(ctx, "rg:{b}:next").Val()
+	next := testredis.KeyState(t, client, "rg:{b}:next")
 	for what, cost := range map[string]any{"cost x": "x", "cost missing": ""} {
 		err := client.FCall(ctx, lib.DecideMany, keys,
 			2, 1, 3, 5, 90_000_000, 5, 0, cost,
@@ -447,10 +447,10 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "rategate: decide_many shape 1") {
 			t.Errorf("%s: %v, want decide_many's error for the whole call", what, err)
 		}
-		if after := client.HGetAll(ctx, key).Val(); !reflect.DeepEqual(before, after) {
+		if after := testredis.KeyState(t, client, key); before != after {
 			t.Errorf("%s: the failed call rewrote %v to %v", what, before, after)
 		}
-		if after := client.HGetAll(ctx, "rg:{b}:next").Val(); !reflect.DeepEqual(next, after) {
+		if after := testredis.KeyState(t, client, "rg:{b}:next"); next != after {
 			t.Errorf("%s: the failed call decided its second decision (%v to %v)", what, next, after)
 		}
 	}
@@ -492,7 +492,10 @@ func TestDecideManyOneTime(t *testing.T) {
 		t.Errorf("decided at %v, not the Redis clock", first)
 	}
 	for i := range 10 {
-		if ts := client.HGet(ctx, fmt.Sprintf("rg:{t}:k%d", i), "ts").Val(); ts != fmt.Sprint(first) {
+		v, _ := client.Get(ctx, fmt.Sprintf("rg:{t}:k%d", i)).Bytes()
+		info, _ := limits.TokenBucket.Info()
+		rec, _ := info.DecodeRecord(v)
+		if ts := rec["ts"]; ts != fmt.Sprint(first) {
 			t.Errorf("bare decision %d recorded its bucket at %q, the call's instant is %v", i, ts, first)
 		}
 	}

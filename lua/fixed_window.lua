@@ -1,7 +1,9 @@
 -- fixed_window.lua — one counter per epoch-aligned window.
 --
--- KEYS[1]  the rule's key (a hash: e = the end of the window the count was
---          counted in, µs; n = the count)
+-- KEYS[1]  the rule's key: a string of two doubles, struct.pack('<dd', e,
+--          n): e = the end of the window the count was counted in, µs; n =
+--          the count (each an integer below 2^53, so a double holds it
+--          exactly; see sliding_window.lua for why a string, not a hash)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst (unused)   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
@@ -25,35 +27,32 @@
 -- clock reads, which would drop a count written in its window's last
 -- millisecond (the record says itself when it ends, so 1 ms more is harmless).
 --
--- By hand: redis-cli --eval lua/fixed_window.lua rg:{demo:1.2.3.4}:fw , 0 5 60000000 5 1
-
-local function fw_int(x)
-  return string.format('%d', x)
-end
+-- By hand: redis-cli --eval lua/fixed_window.lua rg:{demo:1.2.3.4}:fw2 , 0 5 60000000 5 1
 
 -- fixed_window returns allowed, remaining, reset, retry and, when an
 -- admission has something to write, what fixed_window_put needs: the new
--- count, and the window's end when the key is new (nil: only the count
--- changes, the window's first commit already set e and the expiry); then
--- the remaining and reset a zero-cost look would report instead (for a
--- request another rule denies).
+-- count, the end of the window it is counted in, and whether the record is
+-- new (true: written with its expiry; false: the window's first commit set
+-- the expiry already); then the remaining and reset a zero-cost look would
+-- report instead (for a request another rule denies).
 local function fixed_window(key, now, limit, period, burst, cost)
-  local we = math.floor(now / period) * period + period
-  local st = redis.call('HMGET', key, 'e', 'n')
-  local e = tonumber(st[1])
-  local count = 0
-  if e and e > now then
-    count = tonumber(st[2]) or 0
-    if e < we then
+  -- now % period is now - floor(now / period) * period in Lua 5.1, exact
+  -- for integers below 2^53
+  local we = now - now % period + period
+  local v = redis.call('GET', key)
+  local e, count = nil, 0
+  if v then
+    if #v ~= 16 then error('rategate: ' .. key .. ' does not hold a fixed_window record') end
+    e, count = struct.unpack('<dd', v)
+    if e <= now then
+      e, count = nil, 0
+    elseif e < we then
       -- counted under a shorter period: in force to the end of this window
       e = we
       if cost > 0 then
-        redis.call('HSET', key, 'e', fw_int(e))
-        redis.call('PEXPIRE', key, math.max(math.ceil((e - now) / 1000), 2))
+        redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
       end
     end
-  else
-    e = nil
   end
   local reset = (e or we) - now
   if count + cost > limit then
@@ -69,16 +68,17 @@ local function fixed_window(key, now, limit, period, burst, cost)
   -- the last two: what a zero-cost look reports now (decide.lua's denials)
   local lreset = reset
   if count == 0 then lreset = 0 end
-  return 1, limit - count - cost, reset, 0, count + cost, (not e) and we or nil, nil, nil, limit - count, lreset
+  return 1, limit - count - cost, reset, 0, count + cost, e or we, not e, nil, limit - count, lreset
 end
 
-local function fixed_window_put(key, now, limit, period, burst, count, e)
-  if not e then
-    redis.call('HSET', key, 'n', fw_int(count))
-    return
+-- fixed_window_put writes count, counted in the window that ends at e: a
+-- new record with its expiry, or the count of the record there is.
+local function fixed_window_put(key, now, limit, period, burst, count, e, new)
+  if new then
+    redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
+  else
+    redis.call('SET', key, struct.pack('<dd', e, count), 'KEEPTTL')
   end
-  redis.call('HSET', key, 'e', fw_int(e), 'n', fw_int(count))
-  redis.call('PEXPIRE', key, math.max(math.ceil((e - now) / 1000), 2))
 end
 
 -- fixed_window_refund gives back cost, which a commit at `at` added, when the
@@ -90,14 +90,15 @@ end
 local function fixed_window_refund(key, now, limit, period, burst, cost, at, rem, reset)
   local ends = at + reset
   if now >= ends then return end
-  local st = redis.call('HMGET', key, 'e', 'n')
-  local e = tonumber(st[1])
-  if not e or e < ends then return end
-  local count = (tonumber(st[2]) or 0) - cost
+  local v = redis.call('GET', key)
+  if not v or #v ~= 16 then return end
+  local e, count = struct.unpack('<dd', v)
+  if e < ends then return end
+  count = count - cost
   if count <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'n', fw_int(count))
+    redis.call('SET', key, struct.pack('<dd', e, count), 'KEEPTTL')
   end
 end
 

@@ -2,9 +2,12 @@
 -- same family as redis-cell: `gcra` with burst B answers like
 -- `CL.THROTTLE key B-1 L P c` (redis-cell's max_burst is B-1).
 --
--- KEYS[1]  the rule's key (a hash: t = theoretical arrival time TAT in whole µs,
---          f = the TAT's fraction of a µs in units of 1/L µs, 0 <= f < L;
---          l, p = the limit and period (µs) the TAT was written under)
+-- KEYS[1]  the rule's key: a string of four doubles, struct.pack('<dddd', t,
+--          f, l, p): t = theoretical arrival time TAT in whole µs, f = the
+--          TAT's fraction of a µs in units of 1/L µs, 0 <= f < L; l, p = the
+--          limit and period (µs) the TAT was written under (each an integer
+--          below 2^53, so a double holds it exactly; see sliding_window.lua
+--          for why a string, not a hash)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst B   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
@@ -40,7 +43,7 @@
 -- clock reads, which would drop a count written in its window's last
 -- millisecond (the record says itself when it ends, so 1 ms more is harmless).
 --
--- By hand: redis-cli --eval lua/gcra.lua rg:{demo:1.2.3.4}:gc , 0 1 1000000 5 1
+-- By hand: redis-cli --eval lua/gcra.lua rg:{demo:1.2.3.4}:gc2 , 0 1 1000000 5 1
 
 -- gc_times returns k*T as (whole µs, numerator over L), for 0 <= k < 2^30.
 -- k*r can reach 2^60, so k is split in 15-bit halves to keep every product
@@ -116,10 +119,30 @@ local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
   return di, df, changed
 end
 
+-- gcra_load returns the record at key: its TAT (whole µs and numerator)
+-- and the limit and period it was written under; nothing when there is
+-- none. (lease.lua reads and writes records through gcra_load and
+-- gcra_store.)
+local function gcra_load(key)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  if #v ~= 32 then error('rategate: ' .. key .. ' does not hold a gcra record') end
+  return struct.unpack('<dddd', v)
+end
+
+-- gcra_store writes a record: expiring ttl µs from now (rounded up to the
+-- ms, at least 2 ms, see the header), or keeping its expiry when ttl is nil.
+local function gcra_store(key, t, f, limit, period, ttl)
+  if ttl then
+    redis.call('SET', key, struct.pack('<dddd', t, f, limit, period), 'PX', math.max(math.ceil(ttl / 1000), 2))
+  else
+    redis.call('SET', key, struct.pack('<dddd', t, f, limit, period), 'KEEPTTL')
+  end
+end
+
 -- gcra returns allowed, remaining, reset, retry and, on an admission, what
--- gcra_put needs: the new TAT (whole µs and numerator), its distance from now
--- rounded up (the TTL), and whether the record's l and p are to be written.
--- It hands back no look (what a zero-cost look would report instead): that
+-- gcra_put needs: the new TAT (whole µs and numerator) and its distance from
+-- now rounded up (the TTL). It hands back no look (what a zero-cost look would report instead): that
 -- costs a gc_left, more than asking again on the rare denial.
 local function gcra(key, now, limit, period, burst, cost)
   local q = math.floor(period / limit)
@@ -127,23 +150,15 @@ local function gcra(key, now, limit, period, burst, cost)
   local ti, tf = gc_times(burst, q, r, limit)
   -- d = tat - now >= 0 as di + df/L; a TAT in the past is an empty bucket.
   local di, df = 0, 0
-  local same = false
-  local st = redis.call('HMGET', key, 't', 'f', 'l', 'p')
-  local t = tonumber(st[1])
+  local t, f, sl, sp = gcra_load(key)
   if t then
-    local f = tonumber(st[2]) or 0
-    local sl, sp = tonumber(st[3]), tonumber(st[4])
-    same = sl == limit and sp == period
     local changed
-    di, df, changed = gc_backlog(t, f, sl or limit, sp or period, now, q, r, limit, period, burst, ti, tf)
+    di, df, changed = gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
     if changed and cost > 0 then
       if di > 0 or df > 0 then
         local ttl = di
         if df > 0 then ttl = di + 1 end
-        redis.call('HSET', key, 't', string.format('%d', now + di), 'f', string.format('%d', df),
-          'l', string.format('%d', limit), 'p', string.format('%d', period))
-        redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
-        same = true
+        gcra_store(key, now + di, df, limit, period, ttl)
       else
         redis.call('DEL', key)
       end
@@ -167,17 +182,13 @@ local function gcra(key, now, limit, period, burst, cost)
   end
   local ttl = ni
   if nf > 0 then ttl = ni + 1 end
-  return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, now + ni, nf, ttl, not same
+  return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, now + ni, nf, ttl
 end
 
-local function gcra_put(key, now, limit, period, burst, t, f, ttl, rule)
-  if rule then
-    redis.call('HSET', key, 't', string.format('%d', t), 'f', string.format('%d', f),
-      'l', string.format('%d', limit), 'p', string.format('%d', period))
-  else
-    redis.call('HSET', key, 't', string.format('%d', t), 'f', string.format('%d', f))
-  end
-  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+-- gcra_put writes the TAT an admission moved, under this rule, expiring
+-- when it passes (ttl µs from now, rounded up).
+local function gcra_put(key, now, limit, period, burst, t, f, ttl)
+  gcra_store(key, t, f, limit, period, ttl)
 end
 
 -- gcra_refund takes back the c*T a commit at `at` added to the TAT (see
@@ -192,11 +203,8 @@ end
 -- the commit by one round trip) it is exact, in the same whole µs + f/L form.
 -- A TAT written under other numbers since is left alone (stricter).
 local function gcra_refund(key, now, limit, period, burst, cost, at, rem, reset)
-  local st = redis.call('HMGET', key, 't', 'f', 'l', 'p')
-  local t = tonumber(st[1])
-  if not t then return end
-  if (tonumber(st[3]) or limit) ~= limit or (tonumber(st[4]) or period) ~= period then return end
-  local f = tonumber(st[2]) or 0
+  local t, f, sl, sp = gcra_load(key)
+  if not t or sl ~= limit or sp ~= period then return end
   local q = math.floor(period / limit)
   local r = period - q * limit
   local ci, cf = gc_times(cost, q, r, limit)
@@ -215,8 +223,7 @@ local function gcra_refund(key, now, limit, period, burst, cost, at, rem, reset)
   end
   local ttl = ni - now
   if nf > 0 then ttl = ttl + 1 end
-  redis.call('HSET', key, 't', string.format('%d', ni), 'f', string.format('%d', nf))
-  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+  gcra_store(key, ni, nf, limit, period, ttl)
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the

@@ -109,13 +109,10 @@ local function ls_window_reset(code, key, now, limit, period, held, untl)
   redis.call('DEL', key)
   if held <= 0 then return end
   if code == 1 then
-    redis.call('HSET', key, 'e', ls_int(untl), 'n', ls_int(held))
-    redis.call('PEXPIRE', key, math.max(math.ceil((untl - now) / 1000), 2))
+    fixed_window_put(key, now, limit, period, 0, held, untl, true)
     return
   end
-  local we = math.floor(now / period) * period + period
-  redis.call('HSET', key, 'e', ls_int(we), 'c', ls_int(held), 'p', '0', 'd', ls_int(period))
-  redis.call('PEXPIRE', key, math.max(math.ceil((sw_gone(we, period) - now) / 1000), 2))
+  sliding_window_put(key, now, limit, period, 0, math.floor(now / period) * period + period, held, 0, true)
 end
 
 -- token_bucket ------------------------------------------------------------
@@ -126,14 +123,11 @@ end
 local function ls_tb_state(key, now, limit, period, burst, o)
   local q = math.floor(period / limit)
   local r = period - q * limit
-  local st = redis.call('HMGET', key, 'tokens', 'ts', 'l', 'p', 'b')
-  local tokens, ts = tonumber(st[1]), tonumber(st[2])
-  if tokens and ts then
-    local sl, sp, sb = tonumber(st[3]) or limit, tonumber(st[4]) or period, tonumber(st[5]) or burst
+  local tokens, ts, sl, sp, sb = token_bucket_load(key)
+  if tokens then
     if sl ~= limit or sp ~= period or sb ~= burst then
       local sq = math.floor(sp / sl)
       local sr = sp - sq * sl
-      tokens = math.max(math.floor(tokens), 0)
       if tb_level(tokens, ts, now, sb, sq, sr, sl, sp) >= sb then
         -- full again: as if absent (its TTL ends when it is full)
         tokens, ts = nil, nil
@@ -144,18 +138,15 @@ local function ls_tb_state(key, now, limit, period, burst, o)
         local c = sb - o
         if c < 0 then c = 0 end
         local h, hri = tb_level(tokens, ts, now, c, sq, sr, sl, sp)
-        redis.call('HSET', key, 'tokens', ls_int(h), 'ts', ls_int(now - hri))
+        token_bucket_store(key, h, now - hri, sl, sp, sb, nil)
         token_bucket(key, now, limit, period, burst, burst + 1)
-        st = redis.call('HMGET', key, 'tokens', 'ts')
-        tokens, ts = tonumber(st[1]), tonumber(st[2])
+        tokens, ts = token_bucket_load(key)
       end
     end
   end
   local c = burst - o
   if c < 0 then c = 0 end
-  if not (tokens and ts) then return c, 0, 0, q, r end
-  tokens = math.floor(tokens)
-  if tokens < 0 then tokens = 0 end
+  if not tokens then return c, 0, 0, q, r end
   local have, ri, rf = tb_level(tokens, ts, now, c, q, r, limit, period)
   return have, ri, rf, q, r
 end
@@ -165,10 +156,7 @@ local function ls_tb_write(key, now, limit, period, burst, have, ri, q, r)
     redis.call('DEL', key)
     return
   end
-  local full = tb_after(burst - have, ri, 0, q, r, limit)
-  redis.call('HSET', key, 'tokens', ls_int(have), 'ts', ls_int(now - ri),
-    'l', ls_int(limit), 'p', ls_int(period), 'b', ls_int(burst))
-  redis.call('PEXPIRE', key, math.max(math.ceil(full / 1000), 2))
+  token_bucket_store(key, have, now - ri, limit, period, burst, tb_after(burst - have, ri, 0, q, r, limit))
 end
 
 -- gcra --------------------------------------------------------------------
@@ -180,11 +168,9 @@ local function ls_gc_state(key, now, limit, period, burst, o)
   local q = math.floor(period / limit)
   local r = period - q * limit
   local ti, tf = gc_times(burst, q, r, limit)
-  local st = redis.call('HMGET', key, 't', 'f', 'l', 'p')
-  local t = tonumber(st[1])
+  local t, f, sl, sp = gcra_load(key)
   if t then
-    local sl, sp = tonumber(st[3]) or limit, tonumber(st[4]) or period
-    if (sl ~= limit or sp ~= period) and not (t > now or (t == now and (tonumber(st[2]) or 0) > 0)) then
+    if (sl ~= limit or sp ~= period) and not (t > now or (t == now and f > 0)) then
       -- its TAT has passed: as if absent (its TTL ends then)
       t = nil
     elseif sl ~= limit or sp ~= period then
@@ -193,18 +179,16 @@ local function ls_gc_state(key, now, limit, period, burst, o)
       local sq = math.floor(sp / sl)
       local sr = sp - sq * sl
       local oi, of = gc_times(o, sq, sr, sl)
-      local f = tonumber(st[2]) or 0
       if t < now + oi or (t == now + oi and f < of) then
-        redis.call('HSET', key, 't', ls_int(now + oi), 'f', ls_int(of))
+        gcra_store(key, now + oi, of, sl, sp, nil)
       end
       gcra(key, now, limit, period, burst, burst + 1)
-      st = redis.call('HMGET', key, 't', 'f')
-      t = tonumber(st[1])
+      t, f = gcra_load(key)
     end
   end
   local di, df = 0, 0
   if t then
-    di, df = gc_backlog(t, tonumber(st[2]) or 0, limit, period, now, q, r, limit, period, burst, ti, tf)
+    di, df = gc_backlog(t, f, limit, period, now, q, r, limit, period, burst, ti, tf)
   end
   local oi, of = gc_times(o, q, r, limit)
   if di < oi or (di == oi and df < of) then di, df = oi, of end
@@ -218,8 +202,7 @@ local function ls_gc_write(key, now, limit, period, di, df)
   end
   local ttl = di
   if df > 0 then ttl = di + 1 end
-  redis.call('HSET', key, 't', ls_int(now + di), 'f', ls_int(df), 'l', ls_int(limit), 'p', ls_int(period))
-  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+  gcra_store(key, now + di, df, limit, period, ttl)
 end
 
 -- gc_add returns d + k*T (k may be negative: d - |k|*T, never below 0).

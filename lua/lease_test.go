@@ -46,8 +46,7 @@ func TestLeaseScriptByHand(t *testing.T) {
 	if back := run("0", "return", "1", "100", "3600000000", "100", "a-1", "4"); len(back) != 2 || back[1] != "4" {
 		t.Fatalf("return answered %v, want 4 units back", back)
 	}
-	n, err := srv.Client(t).HGet(testredis.Ctx(t), "rg:{demo:}:fw", "n").Result()
-	if err != nil || n != "6" {
-		t.Fatalf("the count holds %q (%v), want 6: 10 leased, 4 returned", n, err)
+	if n := fwCount(t, srv.Client(t), "rg:{demo:}:fw"); n != "6" {
+		t.Fatalf("the count holds %q, want 6: 10 leased, 4 returned", n)
 	}
 }

@@ -238,6 +238,8 @@ var libGlobals = [][2]string{
 	{"math.max", "rg_max"},
 	{"math.min", "rg_min"},
 	{"string.format", "rg_format"},
+	{"struct.pack", "rg_pack"},
+	{"struct.unpack", "rg_unpack"},
 }
 
 var libPrelude, libEntry, libCalls = func() (string, string, *regexp.Regexp) {

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
 )
 
 // TestBuild: the embedded sources assemble, the exported scripts are what
@@ -214,16 +215,16 @@ func TestLibraryMatchesScript(t *testing.T) {
 			t.Fatalf("%s: refund answered %v, %v; want 3 remaining", space, got, err)
 		}
 	}
-	if a, b := client.HGetAll(ctx, "rg:{s}:refund").Val(), client.HGetAll(ctx, "rg:{f}:refund").Val(); !reflect.DeepEqual(a, b) || a["n"] != "2" {
+	if a, b := testredis.KeyState(t, client, "rg:{s}:refund"), testredis.KeyState(t, client, "rg:{f}:refund"); a != b || fwCount(t, client, "rg:{s}:refund") != "2" {
 		t.Fatalf("after the refund: script state %v, function state %v, want n=2 in both", a, b)
 	}
 	compare("unknown code", DecideScript.Run(ctx, client, []string{"rg:{s}:x"}, decideArgv(now, [5]int64{9, 1, 1, 1, 1})...),
 		client.FCall(ctx, lib.Decide, []string{"rg:{f}:x"}, decideArgv(now, [5]int64{9, 1, 1, 1, 1})...))
 	// Both key spaces hold the same state.
 	for i := 0; i < 5; i++ {
-		a := client.HGetAll(ctx, keys("s", 5)[i]).Val()
-		b := client.HGetAll(ctx, keys("f", 5)[i]).Val()
-		if !reflect.DeepEqual(a, b) {
+		a := testredis.KeyState(t, client, keys("s", 5)[i])
+		b := testredis.KeyState(t, client, keys("f", 5)[i])
+		if a != b || a == "none" {
 			t.Fatalf("key %d: script state %v, function state %v", i, a, b)
 		}
 	}
@@ -356,5 +357,38 @@ func TestLibraryOnCluster(t *testing.T) {
 		if aerr != nil || berr != nil || !reflect.DeepEqual(a, b) {
 			t.Fatalf("call %d (%s): EVALSHA %v (%v), FCALL %v (%v)", i, tag, a, aerr, b, berr)
 		}
+	}
+}
+
+// TestRecordLayouts: an algorithm whose table row names a string record
+// packs and unpacks exactly that many doubles, everywhere its file (and
+// lease.lua, which writes records through the algorithms' own functions)
+// touches the record; one whose row names none packs nothing.
+func TestRecordLayouts(t *testing.T) {
+	format := regexp.MustCompile(`struct\.(?:un)?pack\('([^']*)'`)
+	for _, info := range limits.AlgorithmTable() {
+		src, err := Source(string(info.Name) + ".lua")
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := format.FindAllStringSubmatch(src, -1)
+		if info.Record == nil {
+			if len(found) > 0 {
+				t.Errorf("%s packs %q, but its table row names no record", info.Name, found[0][1])
+			}
+			continue
+		}
+		want := "<" + strings.Repeat("d", len(info.Record))
+		if len(found) == 0 {
+			t.Errorf("%s: no struct.pack or struct.unpack of its record %v", info.Name, info.Record)
+		}
+		for _, f := range found {
+			if f[1] != want {
+				t.Errorf("%s uses the format %q, want %q for its record %v", info.Name, f[1], want, info.Record)
+			}
+		}
+	}
+	if lease, _ := Source("lease.lua"); format.MatchString(lease) {
+		t.Error("lease.lua packs a record itself; it must write through the algorithm's functions")
 	}
 }

@@ -1,9 +1,14 @@
 -- sliding_window.lua — the two-window estimate (a sliding window counter).
 --
--- KEYS[1]  the rule's key (a hash: e = the end of the window the current
---          count was counted in, µs; c = that count; p = the count of the
---          window before it, which ended at e - d; d = the period, µs, both
---          were counted under)
+-- KEYS[1]  the rule's key: a string of four doubles, struct.pack('<dddd',
+--          e, c, p, d): e = the end of the window the current count was
+--          counted in, µs; c = that count; p = the count of the window before
+--          it, which ended at e - d; d = the period, µs, both were counted
+--          under. Each is an integer below 2^53, so a double holds it
+--          exactly. (A hash of four fields costs Redis three times as much to
+--          read: HMGET builds four strings and tonumber parses each; a string
+--          is one GET and struct.unpack copies the bytes. See
+--          docs/algorithms.md, "Record layouts".)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst (unused)   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
@@ -50,11 +55,7 @@
 -- clock reads, which would drop a count written in its window's last
 -- millisecond (the record says itself when it ends, so 1 ms more is harmless).
 --
--- By hand: redis-cli --eval lua/sliding_window.lua rg:{demo:1.2.3.4}:sw , 0 5 60000000 5 1
-
-local function sw_int(x)
-  return string.format('%d', x)
-end
+-- By hand: redis-cli --eval lua/sliding_window.lua rg:{demo:1.2.3.4}:sw2 , 0 5 60000000 5 1
 
 local function sw_estimate(prev, curr, elapsed, period)
   return prev * (1 - elapsed / period) + curr
@@ -82,24 +83,83 @@ local function sw_gone(x, period)
   return (math.floor((x - 1) / period) + 2) * period
 end
 
+-- sw_denied is a denial's reply: the quota as it stands (est, from prev and
+-- curr, the current count's window ending at cend) and when cost fits.
+local function sw_denied(prev, curr, cend, ws, we, elapsed, now, period, limit, cost, est)
+  local remaining = math.floor(limit - est)
+  if remaining < 0 then remaining = 0 end
+  local reset = 0
+  if curr > 0 then
+    reset = sw_gone(cend, period) - now
+  elseif prev > 0 then
+    reset = we - now
+  end
+  local retry = -1
+  if cost <= limit then
+    -- curr counts as curr until window k1 (k1 = 1 unless carried from a
+    -- longer window), as prev in window k1, and is gone after it.
+    local k1 = math.floor((cend - ws - 1) / period) + 1
+    local f = sw_earliest(prev, curr, elapsed, period, limit, cost)
+    if f >= 0 then
+      retry = f - elapsed
+    else
+      f = sw_earliest(curr, 0, 0, period, limit, cost)
+      if f >= 0 then
+        retry = k1 * period + f - elapsed
+      else
+        retry = (k1 + 1) * period - elapsed
+      end
+    end
+  end
+  return 0, remaining, reset, retry
+end
+
 -- sliding_window returns allowed, remaining, reset, retry and, when an
 -- admission has something to write, what sliding_window_put needs: the
 -- current count's window end, the new current and previous counts, and
--- whether the whole record is new (false: only c changes); then, unless
+-- whether the whole record is to be written with its expiry (false: the
+-- record is this window's, as stored, and only c changes); then, unless
 -- solo (the admission is written right away, on its own), the remaining
 -- and reset a zero-cost look would report instead.
 local function sliding_window(key, now, limit, period, burst, cost, solo)
-  local ws = math.floor(now / period) * period
+  -- now % period is now - floor(now / period) * period in Lua 5.1, exact
+  -- for integers below 2^53: elapsed and ws are whole µs
+  local elapsed = now % period
+  local ws = now - elapsed
   local we = ws + period
-  local elapsed = now - ws
+  local v = redis.call('GET', key)
+  local e, sc, sp, d
+  if v then
+    if #v ~= 32 then error('rategate: ' .. key .. ' does not hold a sliding_window record') end
+    e, sc, sp, d = struct.unpack('<dddd', v)
+  end
+  if e == we and d == period and sc > 0 then
+    -- The record is this window's, under this period: c is curr, p is prev,
+    -- and its expiry (set when c became non-zero) is curr's. The general
+    -- path below comes to the same numbers; this is the common case, said
+    -- in fewer steps.
+    local est = sw_estimate(sp, sc, elapsed, period)
+    if est + cost > limit then
+      return sw_denied(sp, sc, we, ws, we, elapsed, now, period, limit, cost, est)
+    end
+    -- sw_gone(we, period) is we + period: we is a multiple of period
+    local reset = we + period - now
+    local lrem
+    if cost == 0 or not solo then
+      lrem = math.floor(limit - est)
+      if lrem < 0 then lrem = 0 end
+      if cost == 0 then return 1, lrem, reset, 0 end
+    end
+    local remaining = math.floor(limit - sw_estimate(sp, sc + cost, elapsed, period))
+    if remaining < 0 then remaining = 0 end
+    return 1, remaining, reset, 0, we, sc + cost, sp, false, lrem, reset
+  end
+
   local prev, curr, cend = 0, 0, we
-  local st = redis.call('HMGET', key, 'e', 'c', 'p', 'd')
-  local e = tonumber(st[1])
   local same = false
-  local sc, sp, d = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or period
   if e then
-    -- the record's own end of life, as its TTL was set (Redis may keep it a
-    -- little longer, a fake test clock much longer)
+    -- the record's own end of life, as its expiry was set (Redis may keep
+    -- it a little longer, a fake test clock much longer)
     local gone
     if sc > 0 then gone = sw_gone(e, d) else gone = sw_gone(e - d, d) end
     if now >= gone then e = nil end
@@ -123,44 +183,23 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
       end
     end
     if cend > we and prev > 0 then curr, prev = curr + prev, 0 end
-    same = d == period and e == cend and sp == prev
+    -- Only c needs writing when the record already says this window, this
+    -- period and this prev, and its expiry covers a current count (c > 0:
+    -- a record rewritten below with only a previous count expires with
+    -- this window, too early for a count added to it).
+    same = d == period and e == cend and sp == prev and sc > 0
     if d ~= period and cost > 0 and (curr > 0 or prev > 0) then
       -- counted under another period: rewrite the record under this one
       local gone = sw_gone(cend - period, period)
       if curr > 0 then gone = sw_gone(cend, period) end
-      redis.call('HSET', key, 'e', sw_int(cend), 'c', sw_int(curr), 'p', sw_int(prev), 'd', sw_int(period))
-      redis.call('PEXPIRE', key, math.max(math.ceil((gone - now) / 1000), 2))
+      redis.call('SET', key, struct.pack('<dddd', cend, curr, prev, period), 'PX',
+        math.max(math.ceil((gone - now) / 1000), 2))
     end
   end
 
   local est = sw_estimate(prev, curr, elapsed, period)
   if est + cost > limit then
-    local remaining = math.floor(limit - est)
-    if remaining < 0 then remaining = 0 end
-    local reset = 0
-    if curr > 0 then
-      reset = sw_gone(cend, period) - now
-    elseif prev > 0 then
-      reset = we - now
-    end
-    local retry = -1
-    if cost <= limit then
-      -- curr counts as curr until window k1 (k1 = 1 unless carried from a
-      -- longer window), as prev in window k1, and is gone after it.
-      local k1 = math.floor((cend - ws - 1) / period) + 1
-      local f = sw_earliest(prev, curr, elapsed, period, limit, cost)
-      if f >= 0 then
-        retry = f - elapsed
-      else
-        f = sw_earliest(curr, 0, 0, period, limit, cost)
-        if f >= 0 then
-          retry = k1 * period + f - elapsed
-        else
-          retry = (k1 + 1) * period - elapsed
-        end
-      end
-    end
-    return 0, remaining, reset, retry
+    return sw_denied(prev, curr, cend, ws, we, elapsed, now, period, limit, cost, est)
   end
 
   local reset = sw_gone(cend, period) - now
@@ -181,14 +220,16 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
   return 1, remaining, reset, 0, cend, curr, prev, not same, lrem, lreset
 end
 
+-- sliding_window_put writes what an admission counted: the whole record,
+-- expiring when its current count no longer counts, or (whole false) the
+-- record as it stands with only c changed, its expiry kept.
 local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)
-  if not whole then
-    -- The record's first commit already set e, p, d and the expiry.
-    redis.call('HSET', key, 'c', sw_int(curr))
-    return
+  if whole then
+    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'PX',
+      math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2))
+  else
+    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'KEEPTTL')
   end
-  redis.call('HSET', key, 'e', sw_int(e), 'c', sw_int(curr), 'p', sw_int(prev), 'd', sw_int(period))
-  redis.call('PEXPIRE', key, math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2))
 end
 
 -- sliding_window_refund gives back cost, which a commit at `at` added to the
@@ -200,10 +241,10 @@ end
 -- since is left alone (stricter). The estimate is linear in the counts, so
 -- the refund is exact.
 local function sliding_window_refund(key, now, limit, period, burst, cost, at, rem, reset)
-  local st = redis.call('HMGET', key, 'e', 'c', 'p', 'd')
-  local e = tonumber(st[1])
-  if not e or (tonumber(st[4]) or period) ~= period then return end
-  local curr, prev = tonumber(st[2]) or 0, tonumber(st[3]) or 0
+  local v = redis.call('GET', key)
+  if not v or #v ~= 32 then return end
+  local e, curr, prev, d = struct.unpack('<dddd', v)
+  if d ~= period then return end
   local m = (at + reset) / period - 2
   if math.floor((e - 1) / period) == m then
     curr = math.max(curr - cost, 0)
@@ -215,7 +256,7 @@ local function sliding_window_refund(key, now, limit, period, burst, cost, at, r
   if curr == 0 and prev == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'c', sw_int(curr), 'p', sw_int(prev))
+    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, d), 'KEEPTTL')
   end
 end
 

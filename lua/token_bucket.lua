@@ -1,7 +1,10 @@
 -- token_bucket.lua — a bucket of B tokens refilled at L per P, starting full.
 --
--- KEYS[1]  the rule's key (a hash: tokens = whole tokens at ts, ts = µs;
---          l, p, b = the limit, period (µs) and burst it was written under)
+-- KEYS[1]  the rule's key: a string of five doubles, struct.pack('<ddddd',
+--          tokens, ts, l, p, b): tokens = whole tokens at ts, ts = µs; l, p,
+--          b = the limit, period (µs) and burst it was written under (each
+--          an integer below 2^53, so a double holds it exactly; see
+--          sliding_window.lua for why a string, not a hash)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME (tests pass a clock)
 -- ARGV[2]  limit L   ARGV[3] period P (µs)   ARGV[4] burst B   ARGV[5] cost c
 -- Reply    {allowed 0|1, remaining, reset_us, retry_us (-1 = cost can never fit)}
@@ -43,7 +46,7 @@
 -- clock reads, which would drop a count written in its window's last
 -- millisecond (the record says itself when it ends, so 1 ms more is harmless).
 --
--- By hand: redis-cli --eval lua/token_bucket.lua rg:{demo:1.2.3.4}:tb , 0 1 1000000 5 1
+-- By hand: redis-cli --eval lua/token_bucket.lua rg:{demo:1.2.3.4}:tb2 , 0 1 1000000 5 1
 
 -- tb_times returns k*T as (whole µs, numerator over L), for 0 <= k < 2^30.
 -- k*r can reach 2^60, so k is split in 15-bit halves to keep every product
@@ -101,6 +104,32 @@ local function tb_level(tokens, ts, now, cap, q, r, limit, period)
   return tokens + k, e - ki, 0
 end
 
+-- token_bucket_load returns the record at key: its whole tokens (never
+-- below 0), the time they refer to, and the limit, period and burst it was
+-- written under; nothing when there is none. (lease.lua reads and writes
+-- records through token_bucket_load and token_bucket_store.)
+local function token_bucket_load(key)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  if #v ~= 40 then error('rategate: ' .. key .. ' does not hold a token_bucket record') end
+  local tokens, ts, l, p, b = struct.unpack('<ddddd', v)
+  tokens = math.floor(tokens)
+  if tokens < 0 then tokens = 0 end
+  return tokens, ts, l, p, b
+end
+
+-- token_bucket_store writes a record: expiring ttl µs from now (rounded up
+-- to the ms, at least 2 ms, see the header), or keeping its expiry when ttl
+-- is nil.
+local function token_bucket_store(key, tokens, ts, limit, period, burst, ttl)
+  local v = struct.pack('<ddddd', tokens, ts, limit, period, burst)
+  if ttl then
+    redis.call('SET', key, v, 'PX', math.max(math.ceil(ttl / 1000), 2))
+  else
+    redis.call('SET', key, v, 'KEEPTTL')
+  end
+end
+
 -- token_bucket returns allowed, remaining, reset, retry and, on an
 -- admission, what token_bucket_put needs: the tokens left, the time they
 -- refer to, the time to a full bucket (the TTL), and whether the record's
@@ -111,15 +140,9 @@ local function token_bucket(key, now, limit, period, burst, cost)
   local r = period - q * limit
   -- have = whole tokens now; rho = ri + rf/L µs earned towards the next one
   local have, ri, rf = burst, 0, 0
-  local same = false
-  local st = redis.call('HMGET', key, 'tokens', 'ts', 'l', 'p', 'b')
-  local tokens, ts = tonumber(st[1]), tonumber(st[2])
-  if tokens and ts then
-    tokens = math.floor(tokens)
-    if tokens < 0 then tokens = 0 end
-    local sl, sp, sb = tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
-    same = sl == limit and sp == period and sb == burst
-    sl, sp, sb = sl or limit, sp or period, sb or burst
+  local tokens, ts, sl, sp, sb = token_bucket_load(key)
+  if tokens then
+    local same = sl == limit and sp == period and sb == burst
     if sl == limit and sp == period then
       have, ri, rf = tb_level(tokens, ts, now, sb, q, r, limit, period)
       if sb ~= burst then
@@ -153,15 +176,11 @@ local function token_bucket(key, now, limit, period, burst, cost)
         have, ri, rf = burst - m, mi - full, 0
       end
     end
-    if not same and cost > 0 and (sl ~= limit or sp ~= period or sb ~= burst) then
+    if not same and cost > 0 then
       if have >= burst then
         redis.call('DEL', key)
       else
-        local full = tb_after(burst - have, ri, 0, q, r, limit)
-        redis.call('HSET', key, 'tokens', string.format('%d', have), 'ts', string.format('%d', now - ri),
-          'l', string.format('%d', limit), 'p', string.format('%d', period), 'b', string.format('%d', burst))
-        redis.call('PEXPIRE', key, math.max(math.ceil(full / 1000), 2))
-        same = true
+        token_bucket_store(key, have, now - ri, limit, period, burst, tb_after(burst - have, ri, 0, q, r, limit))
       end
     end
   end
@@ -174,17 +193,13 @@ local function token_bucket(key, now, limit, period, burst, cost)
   local left = have - cost
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
   local ttl = tb_after(burst - left, ri, 0, q, r, limit)
-  return 1, left, ttl, 0, left, now - ri, ttl, not same, have, reset
+  return 1, left, ttl, 0, left, now - ri, ttl, nil, have, reset
 end
 
-local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl, rule)
-  if rule then
-    redis.call('HSET', key, 'tokens', string.format('%d', left), 'ts', string.format('%d', ts),
-      'l', string.format('%d', limit), 'p', string.format('%d', period), 'b', string.format('%d', burst))
-  else
-    redis.call('HSET', key, 'tokens', string.format('%d', left), 'ts', string.format('%d', ts))
-  end
-  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+-- token_bucket_put writes the bucket an admission left, under this rule,
+-- expiring when it is full again (ttl µs from now, rounded up).
+local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl)
+  token_bucket_store(key, left, ts, limit, period, burst, ttl)
 end
 
 -- token_bucket_refund gives back the tokens a commit at `at` took (see
@@ -202,13 +217,8 @@ end
 -- never looser). With a whole T, or for gcra, the refund is exact. A bucket
 -- written under other numbers since is left alone (stricter).
 local function token_bucket_refund(key, now, limit, period, burst, cost, at, rem, reset)
-  local st = redis.call('HMGET', key, 'tokens', 'ts', 'l', 'p', 'b')
-  local tokens, ts = tonumber(st[1]), tonumber(st[2])
-  if not (tokens and ts) then return end
-  if (tonumber(st[3]) or limit) ~= limit or (tonumber(st[4]) or period) ~= period
-    or (tonumber(st[5]) or burst) ~= burst then return end
-  tokens = math.floor(tokens)
-  if tokens < 0 then tokens = 0 end
+  local tokens, ts, sl, sp, sb = token_bucket_load(key)
+  if not tokens or sl ~= limit or sp ~= period or sb ~= burst then return end
   if tokens >= burst or rem >= burst then return end
   local q = math.floor(period / limit)
   local r = period - q * limit
@@ -235,8 +245,7 @@ local function token_bucket_refund(key, now, limit, period, burst, cost, at, rem
     redis.call('DEL', key)
     return
   end
-  redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'ts', string.format('%d', ts))
-  redis.call('PEXPIRE', key, math.max(math.ceil((full - now) / 1000), 2))
+  token_bucket_store(key, tokens, ts, limit, period, burst, full - now)
 end
 
 -- @standalone: everything below runs only under redis-cli --eval; the

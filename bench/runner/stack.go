@@ -507,7 +507,7 @@ func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (sc
 }
 
 // ceilingKey is the one key redis-benchmark's ceiling runs hit.
-const ceilingKey = "rgbench-ceiling:{hot-global:}:fw"
+const ceilingKey = "rgbench-ceiling:{hot-global:}:fw2"
 
 // runCeiling measures Redis's own single-key ceiling: redis-benchmark
 // sending EVALSHA of rategate's decide script, one fixed_window check of

@@ -23,13 +23,13 @@ func (s *Store) Raw(_ context.Context, key string) (limits.RawValue, error) {
 	i := func(n int64) string { return strconv.FormatInt(n, 10) }
 	switch {
 	case strings.HasSuffix(key, ":"+limits.FixedWindow.Suffix()):
-		v.Hash = map[string]string{"e": i(st.a), "n": i(st.b)}
+		v.Type, v.Record = "string", map[string]string{"e": i(st.a), "n": i(st.b)}
 	case strings.HasSuffix(key, ":"+limits.SlidingWindow.Suffix()):
-		v.Hash = map[string]string{"e": i(st.a), "c": i(st.b), "p": i(st.c), "d": i(st.d)}
+		v.Type, v.Record = "string", map[string]string{"e": i(st.a), "c": i(st.b), "p": i(st.c), "d": i(st.d)}
 	case strings.HasSuffix(key, ":"+limits.GCRA.Suffix()):
-		v.Hash = map[string]string{"t": i(st.a), "f": i(st.b), "l": i(st.c), "p": i(st.d)}
+		v.Type, v.Record = "string", map[string]string{"t": i(st.a), "f": i(st.b), "l": i(st.c), "p": i(st.d)}
 	case strings.HasSuffix(key, ":"+limits.TokenBucket.Suffix()):
-		v.Hash = map[string]string{"tokens": i(st.b), "ts": i(st.a), "l": i(st.c), "p": i(st.d), "b": i(st.e)}
+		v.Type, v.Record = "string", map[string]string{"tokens": i(st.b), "ts": i(st.a), "l": i(st.c), "p": i(st.d), "b": i(st.e)}
 	case strings.HasSuffix(key, ":"+limits.SlidingLog.Suffix()):
 		// The log is in member order already (time, then running total).
 		v.Type = "zset"

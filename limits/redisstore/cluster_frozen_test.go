@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,15 +113,15 @@ func TestClusterFrozenPrimary(t *testing.T) {
 
 	// Every commit whose caller gave up is given back once the primary
 	// answers again (late grace 2 s, then the refund).
-	direct := c.Node(victim)
+	direct := c.Node(victim).Client(t)
 	var stored int64
 	within := time.Now().Add(10 * time.Second)
 	for {
-		v, err := direct.Do("HGET", frozenKey, "n")
+		n, err := fwCount(direct, frozenKey)
 		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatal(err)
 		}
-		stored, _ = strconv.ParseInt(v, 10, 64)
+		stored = int64(n)
 		if stored == frozen.ok.Load() || time.Now().After(within) {
 			break
 		}

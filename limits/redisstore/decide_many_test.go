@@ -137,7 +137,7 @@ func TestBatchAfterFlush(t *testing.T) {
 	if admitted, errs := sendBatch(t, s, sameCalls(t, ctx, 8, "bm:{f}:fw", 5)); admitted != 5 || len(errs) != 0 {
 		t.Fatalf("admitted %d of 8 with limit 5, errors %v", admitted, errs)
 	}
-	if n := client.HGet(ctx, "bm:{f}:fw", "n").Val(); n != "5" {
+	if n := fwCountText(client, "bm:{f}:fw"); n != "5" {
 		t.Fatalf("the counter holds %q, want 5", n)
 	}
 	if calls := commandCalls(t, client); calls["function|load"] != 1 {
@@ -221,7 +221,7 @@ func TestBatchOfManyShapes(t *testing.T) {
 		t.Fatalf("20 shapes: admitted %d, %d errors (first: %v); want 210 (1 + 2 + ... + 20)", admitted, len(errs), firstErr(errs))
 	}
 	for key, want := range map[string]string{"bm:{s3}:fw": "3", "bm:{s5}:fw": "5", "bm:{s7}:fw": "7", "bm:{p}:a": "2", "bm:{p}:b": "2"} {
-		if n := client.HGet(ctx, key, "n").Val(); n != want {
+		if n := fwCountText(client, key); n != want {
 			t.Errorf("%s counts %q, want %s", key, n, want)
 		}
 	}
@@ -261,7 +261,7 @@ func TestBatchOnClusterModeServer(t *testing.T) {
 		t.Fatal("the store still batches across slots on a server that refuses it")
 	}
 	for i := range 3 {
-		if n := admin.HGet(ctx, fmt.Sprintf("bm:{c%d}:fw", i), "n").Val(); n != "3" {
+		if n := fwCountText(admin, fmt.Sprintf("bm:{c%d}:fw", i)); n != "3" {
 			t.Errorf("bm:{c%d}:fw counts %q, want 3", i, n)
 		}
 	}

@@ -33,7 +33,7 @@ func TestDecisionRunsAtMostOnce(t *testing.T) {
 			}
 			defer rs.Close()
 			runAtMostOnce(t, rs, px, func(key string) (int, error) {
-				return srv.Client(t).HGet(context.Background(), key, "n").Int()
+				return fwCount(srv.Client(t), key)
 			})
 		})
 	}
@@ -50,7 +50,7 @@ func TestDecisionRunsAtMostOnce(t *testing.T) {
 		defer rs.Close()
 		cc := c.Client(t)
 		runAtMostOnce(t, rs, px, func(key string) (int, error) {
-			return cc.HGet(context.Background(), key, "n").Int()
+			return fwCount(cc, key)
 		})
 	})
 	t.Run("sentinel", func(t *testing.T) {
@@ -67,7 +67,7 @@ func TestDecisionRunsAtMostOnce(t *testing.T) {
 		defer rs.Close()
 		direct := s.Server(primary).Client(t)
 		runAtMostOnce(t, rs, px, func(key string) (int, error) {
-			return direct.HGet(context.Background(), key, "n").Int()
+			return fwCount(direct, key)
 		})
 	})
 }

@@ -23,8 +23,8 @@ type rawReader interface {
 // errNoRaw is returned when the Redis client cannot run plain commands.
 var errNoRaw = errors.New("redis store: this client cannot read raw values")
 
-// Raw implements Inspector with TYPE, then HGETALL, ZRANGE WITHSCORES or GET,
-// then PTTL. The reads are not atomic with each other; the value is for
+// Raw implements Inspector with TYPE, then HGETALL, ZRANGE WITHSCORES or GET
+// (a record decoded by its algorithm's layout), then PTTL. The reads are not atomic with each other; the value is for
 // display only.
 func (s *Store) Raw(ctx context.Context, key string) (limits.RawValue, error) {
 	rr, ok := s.client.(rawReader)
@@ -56,6 +56,9 @@ func (s *Store) Raw(ctx context.Context, key string) (limits.RawValue, error) {
 	case "string":
 		if v.String, err = rr.Get(ctx, key).Result(); err != nil && !errors.Is(err, redis.Nil) {
 			return limits.RawValue{}, fmt.Errorf("redis store: GET %q: %w", key, err)
+		}
+		if rec, ok := limits.DecodeRecord(key, []byte(v.String)); ok {
+			v.Record, v.String = rec, ""
 		}
 	}
 	ttl, err := rr.PTTL(ctx, key).Result()

@@ -66,5 +66,5 @@ func gtStandalone(t *testing.T, file, key string) {
 }
 
 func TestGCRAStandaloneScript(t *testing.T) {
-	gtStandalone(t, "gcra.lua", "rg:{demo:1.2.3.4}:gc")
+	gtStandalone(t, "gcra.lua", "rg:{demo:1.2.3.4}:gc2")
 }

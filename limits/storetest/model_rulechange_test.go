@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/memstore"
 	"github.com/rategate/rategate/limits/redisstore"
@@ -68,45 +70,174 @@ func changeSteps(rng *rand.Rand, s changeShape, n int) (adv, cost []int64) {
 	return adv, cost
 }
 
+// lockstep decides the same checks on the same key on Redis and in memory,
+// on the test's own clock, and fails at the first answer they disagree on.
+// Both stores expire the key on that clock: the memory store by its
+// record's expiry, Redis by the TTL its scripts set, replayed on that
+// clock: a decision that sets a TTL (Redis announces it as an "expire"
+// keyspace event) makes the key expire that long after the decision's
+// instant, one that keeps the TTL changes nothing. So a key Redis would
+// drop before its counts stop counting makes the stores disagree at the
+// next step. Every key Redis holds must have a TTL. (Not for sliding_log:
+// its script reads the key's TTL to extend it, and compares a TTL that
+// runs on Redis's clock with times on the test's; only the memory store's
+// expiry drops its key.)
+type lockstep struct {
+	t       *testing.T
+	mem     *memstore.Store
+	rs      *redisstore.Store
+	key     string
+	events  *redis.PubSub
+	expires int64 // when Redis drops the key on the test's clock; 0: no key
+	history []string
+}
+
+// newLockstep returns a lockstep on key; the Redis store must be the only
+// user of its server's keyspace events.
+func newLockstep(t *testing.T, mem *memstore.Store, rs *redisstore.Store, key string) *lockstep {
+	t.Helper()
+	ctx := context.Background()
+	client, ok := rs.Client().(*redis.Client)
+	if !ok {
+		t.Fatalf("lockstep needs a single Redis, not %T", rs.Client())
+	}
+	if err := client.ConfigSet(ctx, "notify-keyspace-events", "Kg").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ps := client.Subscribe(ctx, "__keyspace@0__:"+key)
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ps.Close() })
+	return &lockstep{t: t, mem: mem, rs: rs, key: key, events: ps}
+}
+
+// expireSet reports whether Redis set the key's TTL since the last call:
+// it reads the key's events up to the answer to a PING sent now (Redis
+// queued every event of a command it ran before it reads the PING).
+func (ls *lockstep) expireSet() bool {
+	ls.t.Helper()
+	ctx := context.Background()
+	if err := ls.events.Ping(ctx); err != nil {
+		ls.t.Fatal(err)
+	}
+	set := false
+	for {
+		msg, err := ls.events.ReceiveTimeout(ctx, 5*time.Second)
+		if err != nil {
+			ls.t.Fatalf("keyspace events of %s: %v", ls.key, err)
+		}
+		switch m := msg.(type) {
+		case *redis.Pong:
+			return set
+		case *redis.Message:
+			if m.Payload == "expire" {
+				set = true
+			}
+		}
+	}
+}
+
+// step decides c (its key is ls.key) at now on both stores and returns
+// the memory store's answer, once Redis gave the same.
+func (ls *lockstep) step(c limits.Check, now int64) limits.Result {
+	t, ctx := ls.t, context.Background()
+	t.Helper()
+	// Redis expires keys on its own clock, which this one outruns: drop the
+	// key where its TTL has run out on this clock, and where memory has.
+	if (ls.expires != 0 && now >= ls.expires && c.Algorithm != limits.SlidingLog) || !ls.mem.HoldsAt(ls.key, now) {
+		if err := ls.rs.Reset(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		ls.expires = 0
+	}
+	onRedis := DecideOne(t, ls.rs, c, now)
+	set := ls.expireSet()
+	switch ttl, err := ls.rs.Client().PTTL(ctx, ls.key).Result(); {
+	case err != nil:
+		t.Fatal(err)
+	case ttl == -1:
+		t.Fatalf("%s has no TTL after step %d\nhistory:\n%s", ls.key, len(ls.history), joinLines(ls.history))
+	case ttl < 0:
+		ls.expires = 0
+	case set:
+		// The scripts round a TTL up to the ms; 1 ms more covers the time
+		// since it was set.
+		ls.expires = now + ttl.Microseconds() + 1000
+	}
+	inMemory := DecideOne(t, ls.mem, c, now)
+	ls.history = append(ls.history, fmt.Sprintf("L=%d P=%d B=%d t=%d c=%d: %+v", c.Limit, c.PeriodUS, c.Burst, now, c.Cost, inMemory))
+	if onRedis != inMemory {
+		t.Fatalf("%s step %d: redis %+v, memory %+v\nhistory:\n%s", ls.key, len(ls.history)-1, onRedis, inMemory, joinLines(ls.history))
+	}
+	return inMemory
+}
+
 func TestRuleChangeRedisMatchesMemory(t *testing.T) {
 	seed := Seed(t)
 	mem, rs := gtStores(t)
-	ctx := context.Background()
 	for _, algo := range limits.Algorithms {
 		t.Run(string(algo), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(seed), uint64(len(algo))))
 			for seq := 0; seq < 25; seq++ {
-				key := fmt.Sprintf("rg:{chg:%d}:%s", seq, algo.Suffix())
+				ls := newLockstep(t, mem, rs, fmt.Sprintf("rg:{chg:%d}:%s", seq, algo.Suffix()))
 				// ahead of the wall clock: the memory store's sweeper keeps every key
 				now := time.Now().UnixMicro() + limits.PeriodUS(time.Hour)
-				var history []string
 				for ph := 0; ph < 5; ph++ {
 					s := randomShape(rng, algo, 0)
-					c := limits.Check{Key: key, Algorithm: algo, Limit: s.limit, PeriodUS: s.period, Burst: s.burst}
+					c := limits.Check{Key: ls.key, Algorithm: algo, Limit: s.limit, PeriodUS: s.period, Burst: s.burst}
 					adv, cost := changeSteps(rng, s, 12)
 					for i := range adv {
 						now += adv[i]
 						c.Cost = cost[i]
-						// Redis expires keys on its own clock, which this one
-						// outruns: drop the key where memory has, as Redis would.
-						if !mem.HoldsAt(key, now) {
-							if err := rs.Reset(ctx, c); err != nil {
-								t.Fatal(err)
-							}
-						}
-						onRedis := DecideOne(t, rs, c, now)
-						inMemory := DecideOne(t, mem, c, now)
-						history = append(history, fmt.Sprintf("L=%d P=%d B=%d +%d c=%d: %+v", s.limit, s.period, s.burst, adv[i], cost[i], inMemory))
-						if onRedis != inMemory {
-							t.Fatalf("sequence %d phase %d step %d: redis %+v, memory %+v\nhistory:\n%s", seq, ph, i, onRedis, inMemory, joinLines(history))
-						}
-						if inMemory.Remaining < 0 || inMemory.Remaining > s.burst {
-							t.Fatalf("sequence %d: remaining %d outside [0, %d]\nhistory:\n%s", seq, inMemory.Remaining, s.burst, joinLines(history))
+						if r := ls.step(c, now); r.Remaining < 0 || r.Remaining > s.burst {
+							t.Fatalf("sequence %d: remaining %d outside [0, %d]\nhistory:\n%s", seq, r.Remaining, s.burst, joinLines(ls.history))
 						}
 					}
 				}
 			}
 		})
+	}
+}
+
+// TestSlidingWindowExpiryAfterPeriodChange: a sliding_window record
+// rewritten under a shorter period holding only the previous count expires
+// with the current window; a count admitted into it later in that window
+// must make the record live on until that count stops counting (an expiry
+// kept from the rewrite lost it at the window's end: the next window then
+// admitted 5 where 4 fit).
+func TestSlidingWindowExpiryAfterPeriodChange(t *testing.T) {
+	mem, rs := gtStores(t)
+	ls := newLockstep(t, mem, rs, "rg:{swexp:}:"+limits.SlidingWindow.Suffix())
+	m := limits.PeriodUS(time.Minute)
+	base := (time.Now().UnixMicro()/m + 60) * m // an hour ahead, on a minute
+	s := limits.PeriodUS(time.Second)
+	c := limits.Check{Key: ls.key, Algorithm: limits.SlidingWindow, Limit: 5, Burst: 5, Cost: 1, PeriodUS: m}
+	for i := 0; i < 5; i++ {
+		if !ls.step(c, base-10*s).Allowed {
+			t.Fatalf("request %d of 5 denied", i+1)
+		}
+	}
+	// 30 s from base on: the 5 are the previous count. At base+5s they
+	// weigh 5*(1-5/30) = 4.17, so one more is denied (the record is
+	// rewritten under 30 s, holding the previous count only); at base+12s
+	// they weigh 3 and one is admitted, counted until base+60s.
+	c.PeriodUS = 30 * s
+	if ls.step(c, base+5*s).Allowed {
+		t.Fatal("admitted at base+5s over 4.17 of 5")
+	}
+	if r := ls.step(c, base+12*s); !r.Allowed || r.ResetUS != 48*s {
+		t.Fatalf("at base+12s: %+v, want admitted, reset 48s", r)
+	}
+	// Next window: that one weighs 1*(1-5/30) = 0.83, so 4 more fit, not 5.
+	admitted := 0
+	for range 6 {
+		if ls.step(c, base+35*s).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 4 {
+		t.Fatalf("at base+35s: %d admitted, want 4", admitted)
 	}
 }
 

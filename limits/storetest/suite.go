@@ -27,6 +27,7 @@ var cases = []struct {
 	{"SlidingWindowTimeline", slidingWindowTimeline},
 	{"SlidingWindowTTL", slidingWindowTTL},
 	{"SlidingWindowFloatConvention", slidingWindowFloatConvention},
+	{"RecordRaw", recordRaw},
 	{"TokenBucketTimeline", tokenBucketTimeline},
 	{"TokenBucketFractionalRefill", tokenBucketFractionalRefill},
 	{"TokenBucketTTL", tokenBucketTTL},

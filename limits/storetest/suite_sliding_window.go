@@ -1,6 +1,9 @@
 package storetest
 
 import (
+	"context"
+	"maps"
+	"strconv"
 	"testing"
 	"time"
 
@@ -115,4 +118,21 @@ func slidingWindowFloatConvention(t *testing.T, s Store) {
 		{0, 1, false, 0, us, 100 * time.Second},   // 14.000000000000002 + 1 > 15
 		{us, 1, true, 0, 0, 100*time.Second - us}, // 9.99999975 + 4 + 1
 	})
+}
+
+// recordRaw: a store shows an algorithm's string record as its numbers by
+// name, as the Redis scripts store them (the admin API's raw value).
+func recordRaw(t *testing.T, s Store) {
+	start := WindowStart(time.Minute)
+	c := limits.Check{Key: "rg:{t:swraw}:" + limits.SlidingWindow.Suffix(), Algorithm: limits.SlidingWindow, Limit: 5,
+		PeriodUS: limits.PeriodUS(time.Minute), Burst: 5, Cost: 2}
+	DecideOne(t, s.Store, c, start+limits.PeriodUS(time.Second))
+	raw, err := s.Raw(context.Background(), c.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"e": strconv.FormatInt(start+c.PeriodUS, 10), "c": "2", "p": "0", "d": strconv.FormatInt(c.PeriodUS, 10)}
+	if raw.Type != "string" || !maps.Equal(raw.Record, want) || raw.String != "" || raw.TTLMS <= 0 {
+		t.Fatalf("raw %+v, want a string record %v with a TTL", raw, want)
+	}
 }

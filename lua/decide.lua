@@ -46,90 +46,79 @@ local function rg_one(out, p, key, now, code, limit, period, burst, cost, shadow
   return out
 end
 
+-- rg_chain decides checks i to n of a request (see rg_all) and writes their
+-- replies into reply from index o on, check i's first. before says whether
+-- every non-shadow check before i allowed. It returns whether the request
+-- is admitted (every non-shadow check allowed), or nil and an error reply.
+-- The request is all-or-nothing: check i is decided, then the checks after
+-- it, and only then, once the whole request's verdict is known, check i
+-- writes what it counted, or, in a denied request, reports its quota as it
+-- stands (what a zero-cost look reports: as the algorithm handed it back,
+-- or asked again; an algorithm may hand back none). So every check reads
+-- before any writes, and nothing waits in a table: what check i writes
+-- stays in this call's locals while the rest are decided. (The checks of
+-- one request have distinct keys, so the order of the writes does not
+-- matter.)
+local function rg_chain(KEYS, ARGV, k0, a0, i, n, now, shapes, reply, o, before)
+  local code, limit, period, burst, cost, shadow, given
+  if shapes then
+    local s = shapes[ARGV[a0 + i - 1]]
+    code, limit, period, burst, shadow, cost = s[1], s[2], s[3], s[4], s[5], s[6]
+  else
+    local b = a0 + 6 * (i - 1)
+    given = ARGV[b]
+    code, limit, period, burst = tonumber(given), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    cost, shadow = tonumber(ARGV[b + 4]), ARGV[b + 5] == '1'
+  end
+  local key = KEYS[k0 + i - 1]
+  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, key, now, limit, period, burst, cost, false)
+  if not a then
+    return nil, redis.error_reply('rategate: unknown algorithm code ' .. tostring(given or code))
+  end
+  local ok = before and (a == 1 or shadow)
+  if i < n then
+    local err
+    ok, err = rg_chain(KEYS, ARGV, k0, a0, i + 1, n, now, shapes, reply, o + 4, ok)
+    if ok == nil then return nil, err end
+  end
+  if a == 1 and w1 then
+    if ok then
+      rg_put(code, key, now, limit, period, burst, w1, w2, w3, w4)
+    elseif lrem then
+      rem, reset = lrem, lreset
+    else
+      a, rem, reset, retry = rg_check(code, key, now, limit, period, burst, 0, false)
+    end
+  end
+  reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
+  return ok
+end
+
 -- rg_all decides a request of n checks all-or-nothing, for this driver and
 -- decide_many.lua's: its keys are KEYS[k0 .. k0+n-1]; its numbers start at
 -- ARGV[a0], 6 per check as this file's header says, or, when shapes is given
--- (decide_many.lua's layout), 1 per check: the index of its shape in shapes
--- ({code, limit, period, burst, shadow, cost}). The numbers are read where
--- they stand, not copied into tables of this file's layout first. The
--- reply (2 + 4n values) goes into reply from index b + 1 on, a new table
--- when reply is nil; rg_all returns that table, or an error reply, having
--- perhaps written some values already (decide_many.lua clears them).
+-- (decide_many.lua's layout), 1 per check: the name of its shape in shapes
+-- (a table {code, limit, period, burst, shadow, cost} under the argument as
+-- it stands, "1", "2", ...). The reply (2 + 4n values) goes into reply from
+-- index b + 1 on, a new table when reply is nil; rg_all returns that table,
+-- or an error reply, having perhaps written some values already
+-- (decide_many.lua clears them).
 local function rg_all(KEYS, ARGV, k0, a0, n, now, shapes, reply, b)
   if not reply then reply, b = {}, 0 end
-  reply[b + 1], reply[b + 2] = 1, now
-  -- pending writes, 10 values per allowed check: code, limit, period, burst,
-  -- the four the algorithm hands back for its put, and the remaining and
-  -- reset a zero-cost look would report, when it hands them back (sized for
-  -- two checks, grown beyond)
-  local pend = {false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false, false, false}
   if shapes then
-    -- Each check's shape, read first: a check naming no shape fails the
-    -- decision before any check ran (a check may rewrite a record it reads
-    -- under a changed rule).
+    -- Each check's shape, looked up first: a check naming no shape fails
+    -- the decision before any check ran (a check may rewrite a record it
+    -- reads under a changed rule).
     for i = 1, n do
-      local s = shapes[tonumber(ARGV[a0 + i - 1])]
-      if not s then
+      if not shapes[ARGV[a0 + i - 1]] then
         return redis.error_reply('rategate: decide_many check ' .. i .. ' has no shape')
       end
-      pend[(i - 1) * 10 + 1] = s
     end
   end
-  for i = 1, n do
-    local q = (i - 1) * 10
-    local code, limit, period, burst, cost, shadow, given
-    if shapes then
-      local s = pend[q + 1]
-      code, limit, period, burst, shadow, cost = s[1], s[2], s[3], s[4], s[5], s[6]
-      pend[q + 1] = false
-    else
-      local b = a0 + 6 * (i - 1)
-      given = ARGV[b]
-      code, limit, period, burst = tonumber(given), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-      cost, shadow = tonumber(ARGV[b + 4]), ARGV[b + 5] == '1'
-    end
-    local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = rg_check(code, KEYS[k0 + i - 1], now, limit, period,
-      burst, cost, false)
-    if not a then
-      return redis.error_reply('rategate: unknown algorithm code ' .. tostring(given or code))
-    end
-    if a == 0 and not shadow then reply[b + 1] = 0 end
-    local o = b + 3 + (i - 1) * 4
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
-    if a == 1 and w1 then
-      pend[q + 1], pend[q + 2], pend[q + 3], pend[q + 4], pend[q + 5] = code, limit, period, burst, w1
-      pend[q + 6], pend[q + 7], pend[q + 8], pend[q + 9], pend[q + 10] = w2, w3, w4, lrem, lreset
-    end
-  end
-
-  if reply[b + 1] == 1 then
-    for i = 1, n do
-      local q = (i - 1) * 10
-      if pend[q + 1] then
-        rg_put(pend[q + 1], KEYS[k0 + i - 1], now, pend[q + 2], pend[q + 3], pend[q + 4],
-          pend[q + 5], pend[q + 6], pend[q + 7], pend[q + 8])
-      end
-    end
-    return reply
-  end
-
-  -- Denied: nothing is written; rules that would have taken something
-  -- report their quota as it stands, what a zero-cost look reports: as the
-  -- algorithm handed it back, or asked again (an algorithm may hand back
-  -- none).
-  for i = 1, n do
-    local q = (i - 1) * 10
-    if pend[q + 1] then
-      local o = b + 3 + (i - 1) * 4
-      if pend[q + 9] then
-        reply[o + 1], reply[o + 2] = pend[q + 9], pend[q + 10]
-      else
-        reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = rg_check(pend[q + 1], KEYS[k0 + i - 1], now,
-          pend[q + 2], pend[q + 3], pend[q + 4], 0, false)
-      end
-    end
-  end
+  local ok, err = rg_chain(KEYS, ARGV, k0, a0, 1, n, now, shapes, reply, b + 3, true)
+  if ok == nil then return err end
+  if ok then reply[b + 1] = 1 else reply[b + 1] = 0 end
+  reply[b + 2] = now
   return reply
 end
 

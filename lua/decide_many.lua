@@ -22,6 +22,11 @@
 --          t < 0    -t checks on the Redis clock, their -t shapes next
 --          t = 0    the general form: n, its number of checks, its now (µs,
 --                   or 0 for the Redis clock), then its n shapes
+--          A shape is named by its number written as Lua writes it ("1",
+--          "2", ...: rategate sends them so): the arguments are strings,
+--          and a table keyed by the string finds the shape without the
+--          tonumber that would parse each (strtod, the dearest part of
+--          reading an argument).
 -- Reply    one flat array: the call's instant (µs, from TIME), then
 --          decision after decision, decide.lua's reply for it (2 + 4n
 --          values for n checks) or, for a decision of the form t > 0, its
@@ -64,7 +69,7 @@ local function dm_general(KEYS, ARGV, k, a, clock, shapes, out, p)
   local n, now = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   if now == 0 then now = clock end
   if n == 1 then
-    local s = shapes[tonumber(ARGV[a + 3])]
+    local s = shapes[ARGV[a + 3]]
     if not s then
       return redis.error_reply('rategate: decide_many check 1 has no shape')
     end
@@ -78,7 +83,11 @@ local m, r = tonumber(ARGV[1]), tonumber(ARGV[2])
 if not dm_whole(m, 0) or not dm_whole(r, 0) then
   return redis.error_reply('rategate: decide_many wants m and r first')
 end
-local shapes = {}
+-- shapes[name] is {code, limit, period, burst, shadow, cost}; counts[x] is
+-- tonumber(x) for a decision's first value that names no shape (t <= 0,
+-- looked up once per call: a batch's decisions of several checks mostly
+-- share one count).
+local shapes, counts = {}, {}
 for i = 1, r do
   local b = 3 + 6 * (i - 1)
   local s = {tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4] == '1',
@@ -86,7 +95,7 @@ for i = 1, r do
   if not (s[1] and s[2] and s[3] and s[4] and s[6]) then
     return redis.error_reply('rategate: decide_many shape ' .. i .. ' has a value that is not a number')
   end
-  shapes[i] = s
+  shapes[tostring(i)] = s
 end
 -- The layout, checked against #KEYS and #ARGV before the first decision
 -- runs; the decisions below walk it again the same way (keeping where
@@ -94,15 +103,27 @@ end
 -- reply's length once every decision answered.
 local k, a, total = 1, 3 + 6 * r, 1
 for j = 1, m do
-  local t, n = tonumber(ARGV[a]), nil
-  if t and t > 0 then
-    n, a, total = 1, a + 1, total + 4
-  elseif t and t < 0 then
-    n = -t
-    a = a + 1 + n
-  elseif t == 0 then
-    n = tonumber(ARGV[a + 1])
-    if n then a = a + 3 + n end
+  local x = ARGV[a]
+  local t, n = nil, nil
+  if shapes[x] then
+    t, n, a, total = 1, 1, a + 1, total + 4
+  else
+    t = counts[x]
+    if not t then
+      t = tonumber(x)
+      if t then counts[x] = t end
+    end
+    if t and t < 0 then
+      n = -t
+      a = a + 1 + n
+    elseif t == 0 then
+      n = tonumber(ARGV[a + 1])
+      if n then a = a + 3 + n end
+    elseif t then
+      n = 1 -- a shape that does not exist: the decision fails alone
+      a = a + 1
+      total = total + 4
+    end
   end
   if not dm_whole(n, 1) then
     return redis.error_reply('rategate: decide_many decision ' .. j .. ' has no check count')
@@ -131,25 +152,27 @@ else
 end
 k, a = 1, 3 + 6 * r
 for j = 1, m do
-  local t, n, size, ok, res = tonumber(ARGV[a]), 1, 4, true, nil
-  if t > 0 then
-    local s = shapes[t]
-    if s then
-      ok, res = pcall(rg_one, out, p, KEYS[k], clock, s[1], s[2], s[3], s[4], s[6], s[5], true)
-    else
-      res = redis.error_reply('rategate: decide_many check 1 has no shape')
-    end
+  local x = ARGV[a]
+  local s, n, size, ok, res = shapes[x], 1, 4, true, nil
+  if s then
+    ok, res = pcall(rg_one, out, p, KEYS[k], clock, s[1], s[2], s[3], s[4], s[6], s[5], true)
     a = a + 1
-  elseif t < 0 then
-    n = -t
-    size = 2 + 4 * n
-    ok, res = pcall(rg_all, KEYS, ARGV, k, a + 1, n, clock, shapes, out, p - 1)
-    a = a + 1 + n
   else
-    n = tonumber(ARGV[a + 1])
-    size = 2 + 4 * n
-    ok, res = pcall(dm_general, KEYS, ARGV, k, a, clock, shapes, out, p)
-    a = a + 3 + n
+    local t = counts[x]
+    if t > 0 then
+      res = redis.error_reply('rategate: decide_many check 1 has no shape')
+      a = a + 1
+    elseif t < 0 then
+      n = -t
+      size = 2 + 4 * n
+      ok, res = pcall(rg_all, KEYS, ARGV, k, a + 1, n, clock, shapes, out, p - 1)
+      a = a + 1 + n
+    else
+      n = tonumber(ARGV[a + 1])
+      size = 2 + 4 * n
+      ok, res = pcall(dm_general, KEYS, ARGV, k, a, clock, shapes, out, p)
+      a = a + 3 + n
+    end
   end
   k = k + n
   if ok and res == out then

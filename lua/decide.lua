@@ -11,12 +11,13 @@
 --          codes: 1 fixed_window, 2 sliding_log, 3 sliding_window, 4 gcra, 5 token_bucket
 -- Reply    {admitted 0|1, now_us, then per check: allowed, remaining, reset_us, retry_us}
 --
--- Each algorithm decides without writing what an admission writes and hands
--- that back as plain values; rg_put writes them. One check is written at
--- once if it allows. Several are all decided first and written only when no
--- non-shadow check denied: a denied request consumes nothing. (An algorithm
--- may rewrite a record written under another limit or period while it
--- decides; that changes no count. See each lua/<algo>.lua.)
+-- A request of one check: the algorithm writes its admission itself (its
+-- solo argument). Several: each algorithm decides without writing what an
+-- admission writes and hands that back as plain values, and rg_put writes
+-- them once every check is decided, only when no non-shadow check denied:
+-- a denied request consumes nothing. (An algorithm may rewrite a record
+-- written under another limit or period while it decides; that changes no
+-- count. See each lua/<algo>.lua.)
 
 -- rg_one decides a request of one check (shadow: the check only reports),
 -- for this driver and decide_many.lua's: it writes the reply's six values
@@ -28,16 +29,13 @@
 -- table per decision costs Redis more to turn into its reply than the
 -- numbers in it.)
 local function rg_one(out, p, key, now, code, limit, period, burst, cost, shadow, bare)
-  local a, rem, reset, retry, w1, w2, w3, w4 = rg_check(code, key, now, limit, period, burst, cost, true)
+  -- solo: the algorithm writes its admission itself
+  local a, rem, reset, retry = rg_check(code, key, now, limit, period, burst, cost, true)
   if not a then
     return redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
   end
   local admitted = a
-  if a == 1 then
-    if w1 then rg_put(code, key, now, limit, period, burst, w1, w2, w3, w4) end
-  elseif shadow then
-    admitted = 1
-  end
+  if shadow then admitted = 1 end
   if bare then
     out[p], out[p + 1], out[p + 2], out[p + 3] = a, rem, reset, retry
   else

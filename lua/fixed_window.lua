@@ -29,13 +29,24 @@
 --
 -- By hand: redis-cli --eval lua/fixed_window.lua rg:{demo:1.2.3.4}:fw2 , 0 5 60000000 5 1
 
--- fixed_window returns allowed, remaining, reset, retry and, when an
--- admission has something to write, what fixed_window_put needs: the new
--- count, the end of the window it is counted in, and whether the record is
--- new (true: written with its expiry; false: the window's first commit set
--- the expiry already); then the remaining and reset a zero-cost look would
--- report instead (for a request another rule denies).
-local function fixed_window(key, now, limit, period, burst, cost)
+-- fixed_window_put writes count, counted in the window that ends at e: a
+-- new record with its expiry, or the count of the record there is.
+local function fixed_window_put(key, now, limit, period, burst, count, e, new)
+  if new then
+    redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
+  else
+    redis.call('SET', key, struct.pack('<dd', e, count), 'KEEPTTL')
+  end
+end
+
+-- fixed_window returns allowed, remaining, reset, retry. solo (a request
+-- of one check) writes an admission at once; otherwise an admission also
+-- returns what fixed_window_put needs (the new count, the end of the
+-- window it is counted in, and whether the record is new: true, written
+-- with its expiry; false, the window's first commit set the expiry
+-- already), then the remaining and reset a zero-cost look would report
+-- instead (for a request another rule denies).
+local function fixed_window(key, now, limit, period, burst, cost, solo)
   -- now % period is now - floor(now / period) * period in Lua 5.1, exact
   -- for integers below 2^53
   local we = now - now % period + period
@@ -66,19 +77,13 @@ local function fixed_window(key, now, limit, period, burst, cost)
   if count + cost == 0 then return 1, limit, 0, 0 end
   if cost == 0 then return 1, limit - count, reset, 0 end
   -- the last two: what a zero-cost look reports now (decide.lua's denials)
+  if solo then
+    fixed_window_put(key, now, limit, period, burst, count + cost, e or we, not e)
+    return 1, limit - count - cost, reset, 0
+  end
   local lreset = reset
   if count == 0 then lreset = 0 end
   return 1, limit - count - cost, reset, 0, count + cost, e or we, not e, nil, limit - count, lreset
-end
-
--- fixed_window_put writes count, counted in the window that ends at e: a
--- new record with its expiry, or the count of the record there is.
-local function fixed_window_put(key, now, limit, period, burst, count, e, new)
-  if new then
-    redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
-  else
-    redis.call('SET', key, struct.pack('<dd', e, count), 'KEEPTTL')
-  end
 end
 
 -- fixed_window_refund gives back cost, which a commit at `at` added, when the
@@ -110,6 +115,4 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a, rem, reset, retry, w1, w2, w3, w4 = fixed_window(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
-if a == 1 and w1 then fixed_window_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
-return {a, rem, reset, retry}
+return {fixed_window(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)}

@@ -140,11 +140,19 @@ local function gcra_store(key, t, f, limit, period, ttl)
   end
 end
 
--- gcra returns allowed, remaining, reset, retry and, on an admission, what
--- gcra_put needs: the new TAT (whole µs and numerator) and its distance from
--- now rounded up (the TTL). It hands back no look (what a zero-cost look would report instead): that
--- costs a gc_left, more than asking again on the rare denial.
-local function gcra(key, now, limit, period, burst, cost)
+-- gcra_put writes the TAT an admission moved, under this rule, expiring
+-- when it passes (ttl µs from now, rounded up).
+local function gcra_put(key, now, limit, period, burst, t, f, ttl)
+  gcra_store(key, t, f, limit, period, ttl)
+end
+
+-- gcra returns allowed, remaining, reset, retry. solo (a request of one
+-- check) writes an admission at once; otherwise an admission also returns
+-- what gcra_put needs: the new TAT (whole µs and numerator) and its
+-- distance from now rounded up (the TTL). It hands back no look (what a
+-- zero-cost look would report instead): that costs a gc_left, more than
+-- asking again on the rare denial.
+local function gcra(key, now, limit, period, burst, cost, solo)
   local q = math.floor(period / limit)
   local r = period - q * limit
   local ti, tf = gc_times(burst, q, r, limit)
@@ -182,13 +190,11 @@ local function gcra(key, now, limit, period, burst, cost)
   end
   local ttl = ni
   if nf > 0 then ttl = ni + 1 end
+  if solo then
+    gcra_store(key, now + ni, nf, limit, period, ttl)
+    return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0
+  end
   return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, now + ni, nf, ttl
-end
-
--- gcra_put writes the TAT an admission moved, under this rule, expiring
--- when it passes (ttl µs from now, rounded up).
-local function gcra_put(key, now, limit, period, burst, t, f, ttl)
-  gcra_store(key, t, f, limit, period, ttl)
 end
 
 -- gcra_refund takes back the c*T a commit at `at` added to the TAT (see
@@ -234,6 +240,4 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a, rem, reset, retry, w1, w2, w3, w4 = gcra(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
-if a == 1 and w1 then gcra_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
-return {a, rem, reset, retry}
+return {gcra(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)}

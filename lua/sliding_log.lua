@@ -74,11 +74,33 @@ local function sl_keep(key, now, period, newest)
   if ttl >= 0 and ttl < ms then redis.call('PEXPIRE', key, ms) end
 end
 
--- sliding_log returns allowed, remaining, reset, retry and, on an
--- admission, what sliding_log_put needs: the new entry's time, running total
--- and cost, and the key's TTL; then the remaining and reset a zero-cost look
--- would report instead. solo says that an admission is written right after
--- (one check per request), so the expiry needs no separate care.
+-- sliding_log_put drops what has left the window and adds the entry, in
+-- bounded work. k == cost says the window held nothing (every member's
+-- running total includes its own cost of at least 1): the whole log goes,
+-- with UNLINK, which frees a large set off Redis's main thread (a burst of
+-- 10000 entries in one µs leaving together held Redis for milliseconds with
+-- ZREMRANGEBYSCORE). Otherwise the newest entry stays and at most 128 of
+-- the oldest departed ones go, by rank: the rest go with the next
+-- admissions (each adds one entry and removes up to 128). Those left behind
+-- are not counted (the window's sum is read from the running totals), and
+-- their totals are below every later one, so ranks still follow totals.
+local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)
+  if k == cost then
+    redis.call('UNLINK', key)
+  else
+    local gone = redis.call('ZCOUNT', key, '-inf', sl_int(now - period))
+    if gone > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(gone, 128) - 1) end
+  end
+  redis.call('ZADD', key, sl_int(at), sl_member(k, cost))
+  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+end
+
+-- sliding_log returns allowed, remaining, reset, retry. solo (a request of
+-- one check) writes an admission at once; otherwise an admission also
+-- returns what sliding_log_put needs (the new entry's time, running total
+-- and cost, and the key's TTL), then the remaining and reset a zero-cost
+-- look would report instead; and the key's expiry is seen to here (the
+-- put may come later, or not at all when another rule denies).
 local function sliding_log(key, now, limit, period, burst, cost, solo)
   local cut = sl_int(now - period)
   local first = redis.call('ZRANGEBYSCORE', key, '(' .. cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -140,28 +162,11 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
   local at = now
   if last and last > now then at = last end
   local reset = at + period - now
-  return 1, limit - used - cost, reset, 0, at, lastk + cost, cost, reset, limit - used, lreset
-end
-
--- sliding_log_put drops what has left the window and adds the entry, in
--- bounded work. k == cost says the window held nothing (every member's
--- running total includes its own cost of at least 1): the whole log goes,
--- with UNLINK, which frees a large set off Redis's main thread (a burst of
--- 10000 entries in one µs leaving together held Redis for milliseconds with
--- ZREMRANGEBYSCORE). Otherwise the newest entry stays and at most 128 of
--- the oldest departed ones go, by rank: the rest go with the next
--- admissions (each adds one entry and removes up to 128). Those left behind
--- are not counted (the window's sum is read from the running totals), and
--- their totals are below every later one, so ranks still follow totals.
-local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)
-  if k == cost then
-    redis.call('UNLINK', key)
-  else
-    local gone = redis.call('ZCOUNT', key, '-inf', sl_int(now - period))
-    if gone > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(gone, 128) - 1) end
+  if solo then
+    sliding_log_put(key, now, limit, period, burst, at, lastk + cost, cost, reset)
+    return 1, limit - used - cost, reset, 0
   end
-  redis.call('ZADD', key, sl_int(at), sl_member(k, cost))
-  redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
+  return 1, limit - used - cost, reset, 0, at, lastk + cost, cost, reset, limit - used, lreset
 end
 
 -- sliding_log_refund removes the entry a commit at `at` added (see
@@ -216,6 +221,4 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a, rem, reset, retry, w1, w2, w3, w4 = sliding_log(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
-if a == 1 and w1 then sliding_log_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
-return {a, rem, reset, retry}
+return {sliding_log(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)}

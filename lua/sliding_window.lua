@@ -114,13 +114,26 @@ local function sw_denied(prev, curr, cend, ws, we, elapsed, now, period, limit, 
   return 0, remaining, reset, retry
 end
 
--- sliding_window returns allowed, remaining, reset, retry and, when an
--- admission has something to write, what sliding_window_put needs: the
+-- sliding_window_put writes what an admission counted: the whole record,
+-- expiring when its current count no longer counts, or (whole false) the
+-- record as it stands with only c changed, its expiry kept.
+local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)
+  if whole then
+    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'PX',
+      math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2))
+  else
+    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'KEEPTTL')
+  end
+end
+
+-- sliding_window returns allowed, remaining, reset, retry. solo (a request
+-- of one check) writes an admission at once; otherwise an admission that
+-- has something to write also returns what sliding_window_put needs (the
 -- current count's window end, the new current and previous counts, and
--- whether the whole record is to be written with its expiry (false: the
--- record is this window's, as stored, and only c changes); then, unless
--- solo (the admission is written right away, on its own), the remaining
--- and reset a zero-cost look would report instead.
+-- whether the whole record is to be written with its expiry; false: the
+-- record is this window's, as stored, and only c changes), then the
+-- remaining and reset a zero-cost look would report instead, for a
+-- request another rule denies.
 local function sliding_window(key, now, limit, period, burst, cost, solo)
   -- now % period is now - floor(now / period) * period in Lua 5.1, exact
   -- for integers below 2^53: elapsed and ws are whole µs
@@ -152,6 +165,10 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
     end
     local remaining = math.floor(limit - sw_estimate(sp, sc + cost, elapsed, period))
     if remaining < 0 then remaining = 0 end
+    if solo then
+      redis.call('SET', key, struct.pack('<dddd', we, sc + cost, sp, period), 'KEEPTTL')
+      return 1, remaining, reset, 0
+    end
     return 1, remaining, reset, 0, we, sc + cost, sp, false, lrem, reset
   end
 
@@ -217,19 +234,11 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
   curr = curr + cost
   local remaining = math.floor(limit - sw_estimate(prev, curr, elapsed, period))
   if remaining < 0 then remaining = 0 end
-  return 1, remaining, reset, 0, cend, curr, prev, not same, lrem, lreset
-end
-
--- sliding_window_put writes what an admission counted: the whole record,
--- expiring when its current count no longer counts, or (whole false) the
--- record as it stands with only c changed, its expiry kept.
-local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)
-  if whole then
-    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'PX',
-      math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2))
-  else
-    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'KEEPTTL')
+  if solo then
+    sliding_window_put(key, now, limit, period, burst, cend, curr, prev, not same)
+    return 1, remaining, reset, 0
   end
+  return 1, remaining, reset, 0, cend, curr, prev, not same, lrem, lreset
 end
 
 -- sliding_window_refund gives back cost, which a commit at `at` added to the
@@ -268,6 +277,4 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a, rem, reset, retry, w1, w2, w3, w4 = sliding_window(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
-if a == 1 and w1 then sliding_window_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
-return {a, rem, reset, retry}
+return {sliding_window(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)}

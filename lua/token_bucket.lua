@@ -130,12 +130,18 @@ local function token_bucket_store(key, tokens, ts, limit, period, burst, ttl)
   end
 end
 
--- token_bucket returns allowed, remaining, reset, retry and, on an
--- admission, what token_bucket_put needs: the tokens left, the time they
--- refer to, the time to a full bucket (the TTL), and whether the record's
--- l, p and b are to be written; then the remaining and reset a zero-cost
--- look would report instead.
-local function token_bucket(key, now, limit, period, burst, cost)
+-- token_bucket_put writes the bucket an admission left, under this rule,
+-- expiring when it is full again (ttl µs from now, rounded up).
+local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl)
+  token_bucket_store(key, left, ts, limit, period, burst, ttl)
+end
+
+-- token_bucket returns allowed, remaining, reset, retry. solo (a request
+-- of one check) writes an admission at once; otherwise an admission also
+-- returns what token_bucket_put needs (the tokens left, the time they
+-- refer to, the time to a full bucket: the TTL), then the remaining and
+-- reset a zero-cost look would report instead.
+local function token_bucket(key, now, limit, period, burst, cost, solo)
   local q = math.floor(period / limit)
   local r = period - q * limit
   -- have = whole tokens now; rho = ri + rf/L µs earned towards the next one
@@ -193,13 +199,11 @@ local function token_bucket(key, now, limit, period, burst, cost)
   local left = have - cost
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
   local ttl = tb_after(burst - left, ri, 0, q, r, limit)
+  if solo then
+    token_bucket_store(key, left, now - ri, limit, period, burst, ttl)
+    return 1, left, ttl, 0
+  end
   return 1, left, ttl, 0, left, now - ri, ttl, nil, have, reset
-end
-
--- token_bucket_put writes the bucket an admission left, under this rule,
--- expiring when it is full again (ttl µs from now, rounded up).
-local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl)
-  token_bucket_store(key, left, ts, limit, period, burst, ttl)
 end
 
 -- token_bucket_refund gives back the tokens a commit at `at` took (see
@@ -256,6 +260,4 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local limit, period, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a, rem, reset, retry, w1, w2, w3, w4 = token_bucket(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)
-if a == 1 and w1 then token_bucket_put(KEYS[1], now, limit, period, burst, w1, w2, w3, w4) end
-return {a, rem, reset, retry}
+return {token_bucket(KEYS[1], now, limit, period, burst, tonumber(ARGV[5]), true)}

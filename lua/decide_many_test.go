@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,60 +25,102 @@ type manyDecision struct {
 	argv []any
 }
 
-// manyArgs is DecideMany's KEYS and ARGV for ds, each key given as
-// keyOf(key): the distinct check shapes (with their costs) once, then each
-// decision as decide_many.lua's header says: its shape alone (one check on
-// the Redis clock), -n and n shapes (n checks on the Redis clock), or 0, n,
-// its now and n shapes.
+// manyArgs is DecideMany's KEYS and ARGV for ds (decide_many.lua's
+// header), each key given as keyOf(key): the distinct check shapes (with
+// their costs) once, the distinct combinations of shapes once, then each
+// decision's combination: on the Redis clock with the bits of its checks
+// whose key another decision of the call names (when every decision of the
+// call is on the Redis clock; never a sliding_log key), at its own instant
+// negated and followed by its now.
 func manyArgs(keyOf func(string) string, ds []manyDecision) ([]string, []any) {
 	var keys []string
 	var shapes [][6]any
+	var combos [][]any
+	clock := true
+	named := map[string]int{}
+	for _, d := range ds {
+		if d.argv[0] != int64(0) {
+			clock = false
+		}
+		for i, k := range d.keys {
+			if d.argv[1+6*i] != int64(2) {
+				named[k]++
+			}
+		}
+	}
 	var body []any
 	for _, d := range ds {
-		switch n := len(d.keys); {
-		case d.argv[0] == int64(0) && n == 1:
-		case d.argv[0] == int64(0):
-			body = append(body, -n)
-		default:
-			body = append(body, 0, n, d.argv[0])
-		}
+		var combo []any
 		for i, k := range d.keys {
 			keys = append(keys, keyOf(k))
 			c := d.argv[1+6*i:]
 			sh := [6]any{c[0], c[1], c[2], c[3], c[5], c[4]}
-			at := len(shapes)
-			for j := range shapes {
-				if shapes[j] == sh {
-					at = j
-				}
+			at := slices.Index(shapes, sh)
+			if at < 0 {
+				at, shapes = len(shapes), append(shapes, sh)
 			}
-			if at == len(shapes) {
-				shapes = append(shapes, sh)
-			}
-			body = append(body, at+1)
+			combo = append(combo, at+1)
 		}
+		at := slices.IndexFunc(combos, func(c []any) bool { return slices.Equal(c, combo) })
+		if at < 0 {
+			at, combos = len(combos), append(combos, combo)
+		}
+		x := int64(at + 1)
+		if d.argv[0] != int64(0) {
+			body = append(body, -x, d.argv[0])
+			continue
+		}
+		for i, k := range d.keys {
+			if clock && named[k] > 1 && d.argv[1+6*i] != int64(2) {
+				x |= 1 << (16 + i)
+			}
+		}
+		body = append(body, x)
 	}
-	args := []any{len(ds), len(shapes)}
+	args := []any{len(ds), len(shapes), len(combos)}
 	for _, sh := range shapes {
 		args = append(args, sh[:]...)
+	}
+	for _, c := range combos {
+		args = append(append(args, len(c)), c...)
 	}
 	return keys, append(args, body...)
 }
 
-// entry is how a decision's part of DecideMany's reply is laid out: its
-// number of checks, and whether it is bare (one check on the Redis clock:
-// its check's four values alone; shadow says whether that check only
-// reports).
-type entry struct {
-	checks       int
-	bare, shadow bool
+// heldChecks counts the checks of a DecideMany call (manyArgs) whose key
+// the call holds.
+func heldChecks(args []any) int {
+	r, c := args[1].(int), args[2].(int)
+	a := 3 + 6*r
+	for range c {
+		a += 1 + args[a].(int)
+	}
+	n := 0
+	for ; a < len(args); a++ {
+		x, _ := args[a].(int64)
+		if x < 0 {
+			a++ // its instant follows
+			continue
+		}
+		for x >>= 16; x > 0; x >>= 1 {
+			n += int(x & 1)
+		}
+	}
+	return n
 }
 
-// decideMany sends ds as one FCALL of DecideMany and splits its flat reply
-// into one entry per decision: decide.lua's reply for it (a bare entry
-// completed with its admitted and the call's instant, as decide.lua would
-// answer it), or its error (redis.Error). A reply that does not start with
-// the call's instant or does not split into len(ds) entries fails t.
+// entry is how a decision's part of DecideMany's reply is read: its
+// instant (0: the call's), and for each check whether it is a shadow.
+type entry struct {
+	now     int64
+	shadows []bool
+}
+
+// decideMany sends a DecideMany call and splits its flat reply into one
+// entry per decision: decide.lua's reply for it, rebuilt from its checks'
+// compact values (admitted, its instant, then four values per check), or
+// its error (redis.Error). A reply that does not start with the call's
+// instant or does not split into len(entries) decisions fails t.
 func decideMany(t *testing.T, client *redis.Client, lib FunctionLibrary, keys []string, args []any, entries []entry) []any {
 	t.Helper()
 	return splitMany(t, client.FCall(context.Background(), lib.DecideMany, keys, args...), entries)
@@ -94,6 +137,16 @@ func splitMany(t *testing.T, cmd *redis.Cmd, entries []entry) []any {
 	if !ok || clock <= 0 {
 		t.Fatalf("DecideMany answered %v: no instant first", flat)
 	}
+	num := func(p int) int64 {
+		if p >= len(flat) {
+			t.Fatalf("DecideMany answered %v: short of %d decisions", flat, len(entries))
+		}
+		v, ok := flat[p].(int64)
+		if !ok {
+			t.Fatalf("DecideMany answered %v: value %d is %v", flat, p, flat[p])
+		}
+		return v
+	}
 	var got []any
 	p := 1
 	for _, e := range entries {
@@ -103,25 +156,26 @@ func splitMany(t *testing.T, cmd *redis.Cmd, entries []entry) []any {
 				continue
 			}
 		}
-		size := 2 + 4*e.checks
-		if e.bare {
-			size = 4
+		now := e.now
+		if now == 0 {
+			now = clock
 		}
-		if p+size > len(flat) {
-			t.Fatalf("DecideMany answered %v: short of %d decisions %v", flat, len(entries), entries)
-		}
-		r := flat[p : p+size]
-		if e.bare {
-			admitted := int64(0)
-			if r[0] == int64(1) || e.shadow {
-				admitted = 1
+		r := []any{int64(1), now}
+		for _, shadow := range e.shadows {
+			v, reset := num(p), num(p+1)
+			if v >= 0 {
+				r, p = append(r, int64(1), v, reset, int64(0)), p+2
+				continue
 			}
-			r = append([]any{admitted, clock}, r...)
+			r, p = append(r, int64(0), -v-1, reset, num(p+2)), p+3
+			if !shadow {
+				r[0] = int64(0)
+			}
 		}
-		got, p = append(got, r), p+size
+		got = append(got, r)
 	}
 	if p != len(flat) {
-		t.Fatalf("DecideMany answered %v: more than %d decisions %v", flat, len(entries), entries)
+		t.Fatalf("DecideMany answered %v: more than %d decisions", flat, len(entries))
 	}
 	return got
 }
@@ -130,8 +184,10 @@ func splitMany(t *testing.T, cmd *redis.Cmd, entries []entry) []any {
 func entriesOf(ds []manyDecision) []entry {
 	es := make([]entry, len(ds))
 	for i, d := range ds {
-		n := len(d.keys)
-		es[i] = entry{checks: n, bare: n == 1 && d.argv[0] == int64(0), shadow: d.argv[len(d.argv)-1] == 1}
+		es[i].now, _ = d.argv[0].(int64)
+		for c := range d.keys {
+			es[i].shadows = append(es[i].shadows, d.argv[1+6*c+5] == 1 || d.argv[1+6*c+5] == int64(1))
+		}
 	}
 	return es
 }
@@ -209,17 +265,20 @@ func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way 
 		}
 		return manyDecision{keys, argv}
 	}
-	decided := 0
-	for call := 0; call < 40; call++ {
+	decided, held := 0, 0
+	for call := 0; call < 80; call++ {
 		var ds []manyDecision
-		for range 1 + rng.IntN(8) {
+		for range 1 + rng.IntN(12) {
 			at := now + int64(call)*400_000 + int64(rng.IntN(1000))
-			if rng.IntN(3) == 0 {
-				at = 0 // the Redis clock: a shorter form in the call
+			if call%2 == 1 || rng.IntN(3) == 0 {
+				// the Redis clock; a call whose decisions are all on it
+				// holds the keys several of them name
+				at = 0
 			}
 			ds = append(ds, decision(at))
 		}
 		keys, args := manyArgs(inSpace(ms), ds)
+		held += heldChecks(args)
 		got := splitMany(t, way.call(keys, args), entriesOf(ds))
 		for i, d := range ds {
 			k, _ := manyArgs(inSpace(os), []manyDecision{d})
@@ -240,9 +299,10 @@ func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way 
 			decided++
 		}
 	}
-	if decided < 100 {
-		t.Fatalf("only %d decisions compared", decided)
+	if decided < 200 || held < 100 {
+		t.Fatalf("only %d decisions compared, %d checks on held keys", decided, held)
 	}
+	t.Logf("%d decisions compared, %d checks on held keys", decided, held)
 	names := []string{}
 	for i, a := range algorithmFiles {
 		names = append(names, fmt.Sprintf("all%d", i), a.fn+"0", a.fn+"1")
@@ -318,19 +378,25 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 	}
 	// A call whose layout does not add up (an argument short, a key too
 	// many) fails whole before it decides anything.
-	good := []manyDecision{{[]string{"w"}, decideArgv(now, fw)}, {[]string{"w"}, decideArgv(now, fw)}}
+	good := []manyDecision{{[]string{"w"}, decideArgv(0, fw)}, {[]string{"w"}, decideArgv(0, fw)}}
 	keys, args = manyArgs(inSpace("e"), good)
+	// args: m=2, r=1, c=1, the shape (6), the combination (2), two decisions
+	last2 := args[len(args)-2:]
 	for what, call := range map[string]struct {
 		keys []string
 		args []any
 	}{
 		"an argument short": {keys, args[:len(args)-1]},
 		"a key too many":    {append(keys[:len(keys):len(keys)], "rg:{e}:extra"), args},
-		"no check count":    {keys, append(args[:len(args)-4:len(args)-4], 0, 0, 1, 1)},
+		"no combination":    {keys, append(slices.Clone(args[:len(args)-2]), last2[0], 2)},
+		"combination 0":     {keys, append(slices.Clone(args[:len(args)-2]), last2[0], 0)},
+		"no check count":    {keys, append(slices.Clone(args[:9]), 0, 1, last2[0], last2[1])},
+		"a value not whole": {keys, append(slices.Clone(args[:len(args)-2]), last2[0], "1.5")},
 		// fractional counts: the loops and the layout check would
 		// disagree (m = 2.5 used to fail only after deciding the first)
 		"m = 2.5": {keys, append([]any{"2.5"}, args[1:]...)},
 		"r = 1.5": {keys, append([]any{args[0], "1.5"}, args[2:]...)},
+		"c = 0.5": {keys, append([]any{args[0], args[1], "0.5"}, args[3:]...)},
 	} {
 		err := client.FCall(ctx, lib.DecideMany, call.keys, call.args...).Err()
 		if err == nil || !strings.Contains(err.Error(), "rategate: decide_many") {
@@ -354,25 +420,25 @@ func TestDecideManyLongReply(t *testing.T) {
 	fw := [5]int64{1, 2, 60_000_000, 2, 1}
 	sized := map[bool]bool{}
 	for _, way := range manyWays(client, lib) {
-		for _, m := range []int{950, 1001, 1200} {
+		for _, m := range []int{950, 1300, 1500} {
 			space := inSpace(fmt.Sprintf("l%d%s", m, way.name))
 			if err := client.RPush(ctx, space("list"), "x").Err(); err != nil {
 				t.Fatal(err)
 			}
 			var ds []manyDecision
-			values := 1 // the reply's length were every decision to answer
+			values := 1 // the reply's length bound: 3 values a check
 			for i := range m {
 				switch {
 				case i%97 == 5:
 					ds = append(ds, manyDecision{[]string{"list"}, decideArgv(0, fw)})
-					values += 4
+					values += 3
 				case i%101 == 7 || i == m-1:
 					// last: a failing decision that wrote values before its error
 					ds = append(ds, manyDecision{[]string{fmt.Sprint(i), "list"}, decideArgv(now, fw, fw)})
-					values += 10
+					values += 6
 				default:
 					ds = append(ds, manyDecision{[]string{fmt.Sprint(i % 500)}, decideArgv(0, fw)})
-					values += 4
+					values += 3
 				}
 			}
 			sized[values <= 4000] = true
@@ -423,11 +489,13 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 	}
 	keys := []string{key, "rg:{b}:o", "rg:{b}:next"}
 	for what, bad := range map[string]any{"shape 7": 7, "shape 0": 0, "shape x": "x", "shape missing": ""} {
-		// m=2, r=1 shape {sliding_window, 5, 90 s, 5, not shadow, cost 1};
-		// decision 1: two checks, the second bad; decision 2: one good check.
-		got := decideMany(t, client, lib, keys, []any{2, 1, 3, 5, 90_000_000, 5, 0, 1,
-			0, 2, now + 1000, 1, bad,
-			0, 1, now + 1000, 1}, []entry{{checks: 2}, {checks: 1}})
+		// m=2, r=1, c=2; shape {sliding_window, 5, 90 s, 5, not shadow,
+		// cost 1}; combination 1: two checks, the second bad; combination
+		// 2: one good check; decision 1 of combination 1, decision 2 of
+		// combination 2, both at their own instant.
+		got := decideMany(t, client, lib, keys, []any{2, 1, 2, 3, 5, 90_000_000, 5, 0, 1,
+			2, 1, bad, 1, 1,
+			-1, now + 1000, -2, now + 1000}, []entry{{now + 1000, []bool{false, false}}, {now + 1000, []bool{false}}})
 		if e, ok := got[0].(redis.Error); !ok || !strings.Contains(e.Error(), "rategate: decide_many check 2") {
 			t.Errorf("%s: decision 1 answered %v, want decide_many's error for its check 2", what, got[0])
 		}
@@ -441,9 +509,9 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 	next := testredis.KeyState(t, client, "rg:{b}:next")
 	for what, cost := range map[string]any{"cost x": "x", "cost missing": ""} {
 		err := client.FCall(ctx, lib.DecideMany, keys,
-			2, 1, 3, 5, 90_000_000, 5, 0, cost,
-			0, 2, now+1000, 1, 1,
-			0, 1, now+1000, 1).Err()
+			2, 1, 2, 3, 5, 90_000_000, 5, 0, cost,
+			2, 1, 1, 1, 1,
+			-1, now+1000, -2, now+1000).Err()
 		if err == nil || !strings.Contains(err.Error(), "rategate: decide_many shape 1") {
 			t.Errorf("%s: %v, want decide_many's error for the whole call", what, err)
 		}
@@ -458,8 +526,8 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 
 // TestDecideManyOneTime: the decisions of one call on the Redis clock read
 // TIME once and are decided at that instant; one that names its own
-// instant keeps it. (A bare decision's reply carries no instant of its
-// own, so each of its token_bucket records says when it was decided.)
+// instant keeps it. (A decision's reply carries no instant of its own, so
+// each of its token_bucket records says when it was decided.)
 func TestDecideManyOneTime(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
@@ -496,7 +564,7 @@ func TestDecideManyOneTime(t *testing.T) {
 		info, _ := limits.TokenBucket.Info()
 		rec, _ := info.DecodeRecord(v)
 		if ts := rec["ts"]; ts != fmt.Sprint(first) {
-			t.Errorf("bare decision %d recorded its bucket at %q, the call's instant is %v", i, ts, first)
+			t.Errorf("decision %d recorded its bucket at %q, the call's instant is %v", i, ts, first)
 		}
 	}
 }

@@ -30,12 +30,17 @@
 -- By hand: redis-cli --eval lua/fixed_window.lua rg:{demo:1.2.3.4}:fw2 , 0 5 60000000 5 1
 
 -- fixed_window_put writes count, counted in the window that ends at e: a
--- new record with its expiry, or the count of the record there is.
-local function fixed_window_put(key, now, limit, period, burst, count, e, new)
-  if new then
-    redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
+-- new record with its expiry, or the count of the record there is; to io
+-- when given (records.lua).
+local function fixed_window_put(key, now, limit, period, burst, count, e, new, _, io)
+  local v, ms = struct.pack('<dd', e, count), nil
+  if new then ms = math.max(math.ceil((e - now) / 1000), 2) end
+  if io then
+    rg_hold(io, key, v, ms)
+  elseif ms then
+    redis.call('SET', key, v, 'PX', ms)
   else
-    redis.call('SET', key, struct.pack('<dd', e, count), 'KEEPTTL')
+    redis.call('SET', key, v, 'KEEPTTL')
   end
 end
 
@@ -45,12 +50,18 @@ end
 -- window it is counted in, and whether the record is new: true, written
 -- with its expiry; false, the window's first commit set the expiry
 -- already), then the remaining and reset a zero-cost look would report
--- instead (for a request another rule denies).
-local function fixed_window(key, now, limit, period, burst, cost, solo)
+-- instead (for a request another rule denies). io, when given, holds the
+-- key (records.lua): it is read and written there.
+local function fixed_window(key, now, limit, period, burst, cost, solo, io)
   -- now % period is now - floor(now / period) * period in Lua 5.1, exact
   -- for integers below 2^53
   local we = now - now % period + period
-  local v = redis.call('GET', key)
+  local v
+  if io then
+    v = io[key]
+  else
+    v = redis.call('GET', key)
+  end
   local e, count = nil, 0
   if v then
     if #v ~= 16 then error('rategate: ' .. key .. ' does not hold a fixed_window record') end
@@ -60,9 +71,7 @@ local function fixed_window(key, now, limit, period, burst, cost, solo)
     elseif e < we then
       -- counted under a shorter period: in force to the end of this window
       e = we
-      if cost > 0 then
-        redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
-      end
+      if cost > 0 then fixed_window_put(key, now, limit, period, burst, count, e, true, nil, io) end
     end
   end
   local reset = (e or we) - now
@@ -78,7 +87,7 @@ local function fixed_window(key, now, limit, period, burst, cost, solo)
   if cost == 0 then return 1, limit - count, reset, 0 end
   -- the last two: what a zero-cost look reports now (decide.lua's denials)
   if solo then
-    fixed_window_put(key, now, limit, period, burst, count + cost, e or we, not e)
+    fixed_window_put(key, now, limit, period, burst, count + cost, e or we, not e, nil, io)
     return 1, limit - count - cost, reset, 0
   end
   local lreset = reset

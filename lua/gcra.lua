@@ -121,29 +121,42 @@ end
 
 -- gcra_load returns the record at key: its TAT (whole µs and numerator)
 -- and the limit and period it was written under; nothing when there is
--- none. (lease.lua reads and writes records through gcra_load and
--- gcra_store.)
-local function gcra_load(key)
-  local v = redis.call('GET', key)
+-- none. io, when given, holds the key (records.lua). (lease.lua reads and
+-- writes records through gcra_load and gcra_store.)
+local function gcra_load(key, io)
+  local v
+  if io then
+    v = io[key]
+  else
+    v = redis.call('GET', key)
+  end
   if not v then return nil end
   if #v ~= 32 then error('rategate: ' .. key .. ' does not hold a gcra record') end
   return struct.unpack('<dddd', v)
 end
 
 -- gcra_store writes a record: expiring ttl µs from now (rounded up to the
--- ms, at least 2 ms, see the header), or keeping its expiry when ttl is nil.
-local function gcra_store(key, t, f, limit, period, ttl)
-  if ttl then
-    redis.call('SET', key, struct.pack('<dddd', t, f, limit, period), 'PX', math.max(math.ceil(ttl / 1000), 2))
+-- ms, at least 2 ms, see the header), or keeping its expiry when ttl is nil;
+-- to io when given (records.lua). t false deletes the key.
+local function gcra_store(key, t, f, limit, period, ttl, io)
+  local v, ms = false, nil
+  if t then v = struct.pack('<dddd', t, f, limit, period) end
+  if ttl then ms = math.max(math.ceil(ttl / 1000), 2) end
+  if io then
+    rg_hold(io, key, v, ms)
+  elseif not v then
+    redis.call('DEL', key)
+  elseif ms then
+    redis.call('SET', key, v, 'PX', ms)
   else
-    redis.call('SET', key, struct.pack('<dddd', t, f, limit, period), 'KEEPTTL')
+    redis.call('SET', key, v, 'KEEPTTL')
   end
 end
 
 -- gcra_put writes the TAT an admission moved, under this rule, expiring
 -- when it passes (ttl µs from now, rounded up).
-local function gcra_put(key, now, limit, period, burst, t, f, ttl)
-  gcra_store(key, t, f, limit, period, ttl)
+local function gcra_put(key, now, limit, period, burst, t, f, ttl, _, io)
+  gcra_store(key, t, f, limit, period, ttl, io)
 end
 
 -- gcra returns allowed, remaining, reset, retry. solo (a request of one
@@ -151,14 +164,14 @@ end
 -- what gcra_put needs: the new TAT (whole µs and numerator) and its
 -- distance from now rounded up (the TTL). It hands back no look (what a
 -- zero-cost look would report instead): that costs a gc_left, more than
--- asking again on the rare denial.
-local function gcra(key, now, limit, period, burst, cost, solo)
+-- asking again on the rare denial. io: see gcra_load.
+local function gcra(key, now, limit, period, burst, cost, solo, io)
   local q = math.floor(period / limit)
   local r = period - q * limit
   local ti, tf = gc_times(burst, q, r, limit)
   -- d = tat - now >= 0 as di + df/L; a TAT in the past is an empty bucket.
   local di, df = 0, 0
-  local t, f, sl, sp = gcra_load(key)
+  local t, f, sl, sp = gcra_load(key, io)
   if t then
     local changed
     di, df, changed = gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
@@ -166,9 +179,9 @@ local function gcra(key, now, limit, period, burst, cost, solo)
       if di > 0 or df > 0 then
         local ttl = di
         if df > 0 then ttl = di + 1 end
-        gcra_store(key, now + di, df, limit, period, ttl)
+        gcra_store(key, now + di, df, limit, period, ttl, io)
       else
-        redis.call('DEL', key)
+        gcra_store(key, false, 0, limit, period, nil, io)
       end
     end
   end
@@ -191,7 +204,7 @@ local function gcra(key, now, limit, period, burst, cost, solo)
   local ttl = ni
   if nf > 0 then ttl = ni + 1 end
   if solo then
-    gcra_store(key, now + ni, nf, limit, period, ttl)
+    gcra_store(key, now + ni, nf, limit, period, ttl, io)
     return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0
   end
   return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0, now + ni, nf, ttl

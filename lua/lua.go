@@ -186,18 +186,21 @@ func algorithmParts(read source) ([]algorithm, error) {
 	return out, nil
 }
 
-// dispatch writes rg_check and rg_put, which call an algorithm by its code.
+// dispatch writes rg_algorithms and rg_puts, each algorithm's function and
+// its put by code (nil for one a script leaves undefined), and rg_check,
+// which calls an algorithm by its code.
 func dispatch(sb *strings.Builder, algos []algorithm) {
-	sb.WriteString("local function rg_check(code, key, now, limit, period, burst, cost, solo)\n")
+	var fns, puts []string
 	for _, a := range algos {
-		fmt.Fprintf(sb, "  if code == %d then return %s(key, now, limit, period, burst, cost, solo) end\n", a.code, a.fn)
+		fns = append(fns, fmt.Sprintf("[%d] = %s", a.code, a.fn))
+		puts = append(puts, fmt.Sprintf("[%d] = %s_put", a.code, a.fn))
 	}
+	fmt.Fprintf(sb, "local rg_algorithms = {%s}\n", strings.Join(fns, ", "))
+	fmt.Fprintf(sb, "local rg_puts = {%s}\n\n", strings.Join(puts, ", "))
+	sb.WriteString("local function rg_check(code, key, now, limit, period, burst, cost, solo, io)\n")
+	sb.WriteString("  local f = rg_algorithms[code]\n")
+	sb.WriteString("  if f then return f(key, now, limit, period, burst, cost, solo, io) end\n")
 	sb.WriteString("  return nil\nend\n\n")
-	sb.WriteString("local function rg_put(code, key, now, limit, period, burst, w1, w2, w3, w4)\n")
-	for _, a := range algos {
-		fmt.Fprintf(sb, "  if code == %d then return %s_put(key, now, limit, period, burst, w1, w2, w3, w4) end\n", a.code, a.fn)
-	}
-	sb.WriteString("end\n\n")
 }
 
 // refundDriver returns refund.lua with its two tables filled in.
@@ -288,6 +291,15 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
+	// records.lua's rg_hold, which the algorithms call, comes first in
+	// everything assembled.
+	records, err := read("records.lua")
+	if err != nil {
+		return assembly{}, err
+	}
+	if records, err = strip("records.lua", records); err != nil {
+		return assembly{}, err
+	}
 	decideSrc, err := read("decide.lua")
 	if err != nil {
 		return assembly{}, err
@@ -317,22 +329,25 @@ func build(readFile source) (assembly, error) {
 	// argument from the second.
 	var d strings.Builder
 	d.WriteString("-- rategate decide script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	d.WriteString(records)
 	lazyAlgorithms(&d, algos, "for i = 2, #ARGV, 6 do")
 	d.WriteString(decideFns)
 	d.WriteString(decideDrv)
 
 	// The decide_many script, for servers that do not run functions: the
 	// library's decide_many as a script, its codes in its shapes (every
-	// sixth argument from the third, r of them; the body checks r).
+	// sixth argument from the fourth, r of them; the body checks r).
 	var dm strings.Builder
 	dm.WriteString("-- rategate decide_many script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
-	lazyAlgorithms(&dm, algos, "for i = 3, 2 + 6 * math.min(tonumber(ARGV[2]) or 0, (#ARGV - 2) / 6), 6 do")
+	dm.WriteString(records)
+	lazyAlgorithms(&dm, algos, "for i = 4, 3 + 6 * math.min(tonumber(ARGV[2]) or 0, (#ARGV - 3) / 6), 6 do")
 	dm.WriteString(decideFns)
 	dm.WriteString(manyFns)
 	dm.WriteString(manyDrv)
 
 	var r strings.Builder
 	r.WriteString("-- rategate refund script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	r.WriteString(records)
 	for _, a := range algos {
 		r.WriteString(a.body)
 		r.WriteString("\n")
@@ -351,6 +366,7 @@ func build(readFile source) (assembly, error) {
 	}
 	var ls strings.Builder
 	ls.WriteString("-- rategate lease script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
+	ls.WriteString(records)
 	for _, a := range algos {
 		ls.WriteString(a.body)
 		ls.WriteString("\n")
@@ -362,6 +378,7 @@ func build(readFile source) (assembly, error) {
 	// starting with libEntry (see libGlobals).
 	var l strings.Builder
 	l.WriteString(libPrelude)
+	l.WriteString(records)
 	for _, a := range algos {
 		l.WriteString(a.body)
 		l.WriteString("\n")

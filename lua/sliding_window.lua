@@ -116,13 +116,17 @@ end
 
 -- sliding_window_put writes what an admission counted: the whole record,
 -- expiring when its current count no longer counts, or (whole false) the
--- record as it stands with only c changed, its expiry kept.
-local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole)
-  if whole then
-    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'PX',
-      math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2))
+-- record as it stands with only c changed, its expiry kept; to io when
+-- given (records.lua).
+local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole, io)
+  local v, ms = struct.pack('<dddd', e, curr, prev, period), nil
+  if whole then ms = math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2) end
+  if io then
+    rg_hold(io, key, v, ms)
+  elseif ms then
+    redis.call('SET', key, v, 'PX', ms)
   else
-    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'KEEPTTL')
+    redis.call('SET', key, v, 'KEEPTTL')
   end
 end
 
@@ -133,14 +137,20 @@ end
 -- whether the whole record is to be written with its expiry; false: the
 -- record is this window's, as stored, and only c changes), then the
 -- remaining and reset a zero-cost look would report instead, for a
--- request another rule denies.
-local function sliding_window(key, now, limit, period, burst, cost, solo)
+-- request another rule denies. io, when given, holds the key (records.lua):
+-- it is read and written there.
+local function sliding_window(key, now, limit, period, burst, cost, solo, io)
   -- now % period is now - floor(now / period) * period in Lua 5.1, exact
   -- for integers below 2^53: elapsed and ws are whole µs
   local elapsed = now % period
   local ws = now - elapsed
   local we = ws + period
-  local v = redis.call('GET', key)
+  local v
+  if io then
+    v = io[key]
+  else
+    v = redis.call('GET', key)
+  end
   local e, sc, sp, d
   if v then
     if #v ~= 32 then error('rategate: ' .. key .. ' does not hold a sliding_window record') end
@@ -166,7 +176,11 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
     local remaining = math.floor(limit - sw_estimate(sp, sc + cost, elapsed, period))
     if remaining < 0 then remaining = 0 end
     if solo then
-      redis.call('SET', key, struct.pack('<dddd', we, sc + cost, sp, period), 'KEEPTTL')
+      if io then
+        rg_hold(io, key, struct.pack('<dddd', we, sc + cost, sp, period))
+      else
+        redis.call('SET', key, struct.pack('<dddd', we, sc + cost, sp, period), 'KEEPTTL')
+      end
       return 1, remaining, reset, 0
     end
     return 1, remaining, reset, 0, we, sc + cost, sp, false, lrem, reset
@@ -209,8 +223,12 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
       -- counted under another period: rewrite the record under this one
       local gone = sw_gone(cend - period, period)
       if curr > 0 then gone = sw_gone(cend, period) end
-      redis.call('SET', key, struct.pack('<dddd', cend, curr, prev, period), 'PX',
-        math.max(math.ceil((gone - now) / 1000), 2))
+      local ms = math.max(math.ceil((gone - now) / 1000), 2)
+      if io then
+        rg_hold(io, key, struct.pack('<dddd', cend, curr, prev, period), ms)
+      else
+        redis.call('SET', key, struct.pack('<dddd', cend, curr, prev, period), 'PX', ms)
+      end
     end
   end
 
@@ -235,7 +253,7 @@ local function sliding_window(key, now, limit, period, burst, cost, solo)
   local remaining = math.floor(limit - sw_estimate(prev, curr, elapsed, period))
   if remaining < 0 then remaining = 0 end
   if solo then
-    sliding_window_put(key, now, limit, period, burst, cend, curr, prev, not same)
+    sliding_window_put(key, now, limit, period, burst, cend, curr, prev, not same, io)
     return 1, remaining, reset, 0
   end
   return 1, remaining, reset, 0, cend, curr, prev, not same, lrem, lreset

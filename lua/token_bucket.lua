@@ -106,10 +106,16 @@ end
 
 -- token_bucket_load returns the record at key: its whole tokens (never
 -- below 0), the time they refer to, and the limit, period and burst it was
--- written under; nothing when there is none. (lease.lua reads and writes
--- records through token_bucket_load and token_bucket_store.)
-local function token_bucket_load(key)
-  local v = redis.call('GET', key)
+-- written under; nothing when there is none. io, when given, holds the
+-- key (records.lua). (lease.lua reads and writes records through
+-- token_bucket_load and token_bucket_store.)
+local function token_bucket_load(key, io)
+  local v
+  if io then
+    v = io[key]
+  else
+    v = redis.call('GET', key)
+  end
   if not v then return nil end
   if #v ~= 40 then error('rategate: ' .. key .. ' does not hold a token_bucket record') end
   local tokens, ts, l, p, b = struct.unpack('<ddddd', v)
@@ -120,11 +126,17 @@ end
 
 -- token_bucket_store writes a record: expiring ttl µs from now (rounded up
 -- to the ms, at least 2 ms, see the header), or keeping its expiry when ttl
--- is nil.
-local function token_bucket_store(key, tokens, ts, limit, period, burst, ttl)
-  local v = struct.pack('<ddddd', tokens, ts, limit, period, burst)
-  if ttl then
-    redis.call('SET', key, v, 'PX', math.max(math.ceil(ttl / 1000), 2))
+-- is nil; to io when given (records.lua). tokens false deletes the key.
+local function token_bucket_store(key, tokens, ts, limit, period, burst, ttl, io)
+  local v, ms = false, nil
+  if tokens then v = struct.pack('<ddddd', tokens, ts, limit, period, burst) end
+  if ttl then ms = math.max(math.ceil(ttl / 1000), 2) end
+  if io then
+    rg_hold(io, key, v, ms)
+  elseif not v then
+    redis.call('DEL', key)
+  elseif ms then
+    redis.call('SET', key, v, 'PX', ms)
   else
     redis.call('SET', key, v, 'KEEPTTL')
   end
@@ -132,21 +144,21 @@ end
 
 -- token_bucket_put writes the bucket an admission left, under this rule,
 -- expiring when it is full again (ttl µs from now, rounded up).
-local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl)
-  token_bucket_store(key, left, ts, limit, period, burst, ttl)
+local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl, _, io)
+  token_bucket_store(key, left, ts, limit, period, burst, ttl, io)
 end
 
 -- token_bucket returns allowed, remaining, reset, retry. solo (a request
 -- of one check) writes an admission at once; otherwise an admission also
 -- returns what token_bucket_put needs (the tokens left, the time they
 -- refer to, the time to a full bucket: the TTL), then the remaining and
--- reset a zero-cost look would report instead.
-local function token_bucket(key, now, limit, period, burst, cost, solo)
+-- reset a zero-cost look would report instead. io: see token_bucket_load.
+local function token_bucket(key, now, limit, period, burst, cost, solo, io)
   local q = math.floor(period / limit)
   local r = period - q * limit
   -- have = whole tokens now; rho = ri + rf/L µs earned towards the next one
   local have, ri, rf = burst, 0, 0
-  local tokens, ts, sl, sp, sb = token_bucket_load(key)
+  local tokens, ts, sl, sp, sb = token_bucket_load(key, io)
   if tokens then
     local same = sl == limit and sp == period and sb == burst
     if sl == limit and sp == period then
@@ -184,9 +196,9 @@ local function token_bucket(key, now, limit, period, burst, cost, solo)
     end
     if not same and cost > 0 then
       if have >= burst then
-        redis.call('DEL', key)
+        token_bucket_store(key, false, 0, limit, period, burst, nil, io)
       else
-        token_bucket_store(key, have, now - ri, limit, period, burst, tb_after(burst - have, ri, 0, q, r, limit))
+        token_bucket_store(key, have, now - ri, limit, period, burst, tb_after(burst - have, ri, 0, q, r, limit), io)
       end
     end
   end
@@ -200,7 +212,7 @@ local function token_bucket(key, now, limit, period, burst, cost, solo)
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
   local ttl = tb_after(burst - left, ri, 0, q, r, limit)
   if solo then
-    token_bucket_store(key, left, now - ri, limit, period, burst, ttl)
+    token_bucket_store(key, left, now - ri, limit, period, burst, ttl, io)
     return 1, left, ttl, 0
   end
   return 1, left, ttl, 0, left, now - ri, ttl, nil, have, reset

@@ -228,15 +228,12 @@ func (s *Store) dryGroups(ctx context.Context, b *limits.Batch, groups []slotGro
 		call := groupCall(ctx, b, g)
 		call.keys = append(call.keys, limits.SiblingKey(call.keys[0], "dry"))
 		call.args = append(call.args, limits.FixedWindow.Code(), 1, 1_000_000, 1, int64(2), 0)
-		reply, err := s.eval(call)
-		if err == nil {
-			res := make([]limits.Result, len(g.idx)+1)
-			if _, _, err = parseReply(reply, 2, res); err == nil {
-				for k, idx := range g.idx {
-					results[idx] = res[k]
-				}
-				return
+		res := make([]limits.Result, len(g.idx)+1)
+		if _, _, err := s.decideCall(call, res); err == nil {
+			for k, idx := range g.idx {
+				results[idx] = res[k]
 			}
+			return
 		}
 		// Not worth failing a denial over: the rule was not asked.
 		for _, idx := range g.idx {
@@ -250,9 +247,10 @@ func (s *Store) dryGroups(ctx context.Context, b *limits.Batch, groups []slotGro
 // that is slow holds up only the request that needs it).
 func (s *Store) decideGroups(ctx context.Context, b *limits.Batch, groups []slotGroup, results []limits.Result) {
 	parallel(len(groups), func(i int) {
-		call := groupCall(ctx, b, &groups[i])
-		reply, err := s.eval(call)
-		s.groupDecided(&groups[i], reply, err, results)
+		g := &groups[i]
+		res := make([]limits.Result, len(g.idx))
+		adm, at, err := s.decideCall(groupCall(ctx, b, g), res)
+		s.groupDecided(g, res, adm, at, err, results)
 	})
 }
 
@@ -267,17 +265,12 @@ func groupCall(ctx context.Context, b *limits.Batch, g *slotGroup) *scriptCall {
 	return call
 }
 
-// groupDecided fills g's results from its decide.lua reply.
-func (s *Store) groupDecided(g *slotGroup, reply any, err error, results []limits.Result) {
+// groupDecided fills results from g's decision: res, its results in g's
+// order, admitted and at, or err.
+func (s *Store) groupDecided(g *slotGroup, res []limits.Result, adm, at int64, err error, results []limits.Result) {
 	if err != nil {
 		s.noteError(err)
 		g.err = fmt.Errorf("redis store: decide (slot %d): %w", g.slot, err)
-		return
-	}
-	res := make([]limits.Result, len(g.idx))
-	adm, at, err := parseReply(reply, 2, res)
-	if err != nil {
-		g.err = err
 		return
 	}
 	for k, i := range g.idx {
@@ -327,7 +320,7 @@ func lateRefundJob(call *scriptCall, reply any) *refundJob {
 		return nil
 	}
 	res := make([]limits.Result, n)
-	adm, at, err := parseReply(reply, 2, res)
+	adm, at, err := callResults(call, reply, res)
 	if err != nil || adm != 1 {
 		return nil
 	}

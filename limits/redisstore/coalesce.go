@@ -2,10 +2,12 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/lua"
 )
 
@@ -156,7 +159,12 @@ type scriptCall struct {
 	keys        []string
 	args        []any
 
+	// reply is the call's reply as go-redis gave it; a batch's runner
+	// leaves it nil and puts the decision in vals instead, as numbers in
+	// decide.lua's reply's order (admitted, now, then allowed, remaining,
+	// reset_us, retry_us per check: see callResults).
 	reply any
+	vals  []int64
 	err   error
 	done  chan struct{} // one send per use, by the runner
 	state atomic.Int32  // callPending, callAbandoned, callDelivered
@@ -184,7 +192,7 @@ func newCall(ctx context.Context) *scriptCall {
 // rearm makes a call that was delivered an error (a redirect: Redis did not
 // run it) ready to be sent again.
 func (c *scriptCall) rearm() {
-	c.reply, c.err = nil, nil
+	c.reply, c.err, c.vals = nil, nil, c.vals[:0]
 	c.state.Store(callPending)
 }
 
@@ -193,10 +201,10 @@ func (c *scriptCall) rearm() {
 func (c *scriptCall) release() {
 	clear(c.keys)
 	clear(c.args)
-	c.keys, c.args = c.keys[:0], c.args[:0]
+	c.keys, c.args, c.vals = c.keys[:0], c.args[:0], c.vals[:0]
 	c.ctx, c.reply, c.err = nil, nil, nil
 	c.deadline, c.hasDeadline = time.Time{}, false
-	if cap(c.keys) > 256 || cap(c.args) > 2048 {
+	if cap(c.keys) > 256 || cap(c.args) > 2048 || cap(c.vals) > 1024 {
 		return
 	}
 	callPool.Put(c)
@@ -455,6 +463,7 @@ func (c *coalescer) takeWhenFree(i int, timer *time.Timer, batch []*scriptCall) 
 func (c *coalescer) run(i int) {
 	defer c.wg.Done()
 	pipe := c.client.Pipeline()
+	var many manyScratch
 	batch := make([]*scriptCall, 0, c.opt.MaxBatch)
 	cmds := make([]*redis.Cmd, 0, c.opt.MaxBatch)
 	var linger *time.Timer
@@ -486,7 +495,7 @@ func (c *coalescer) run(i int) {
 		if len(batch) == 0 {
 			continue
 		}
-		cmds = c.send(pipe, batch, cmds[:0])
+		cmds = c.send(pipe, batch, cmds[:0], &many)
 		clear(batch)
 		clear(cmds)
 		c.mu.Lock()
@@ -528,7 +537,7 @@ func (c *coalescer) takeLocked(i int, batch []*scriptCall) []*scriptCall {
 
 // send runs batch as one pipeline and finishes every call in it. A call
 // whose caller already gave up is not sent.
-func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redis.Cmd) []*redis.Cmd {
+func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redis.Cmd, many *manyScratch) []*redis.Cmd {
 	var deadline time.Time
 	now := time.Now()
 	live := batch[:0]
@@ -558,7 +567,7 @@ func (c *coalescer) send(pipe redis.Pipeliner, batch []*scriptCall, cmds []*redi
 	defer cancel()
 	c.pipelines.Add(1)
 	c.sent.Add(uint64(len(live)))
-	if len(live) > 1 && c.many.Load() && c.sendMany(ctx, pipe, live) {
+	if len(live) > 1 && c.many.Load() && c.sendMany(ctx, pipe, live, many) {
 		return cmds
 	}
 	for _, call := range live {
@@ -630,20 +639,19 @@ func (c *coalescer) deliver(call *scriptCall, reply any, err error) {
 // sendMany sends live as one FCALL of the library's DecideMany
 // (lua/decide_many.lua), or as one EVALSHA of its twin DecideManyScript on
 // a server that does not run functions, and delivers to every call its
-// decide reply, or its error, from the flat reply (in order; a bare one
-// completed with its admitted and the call's instant, as decide.lua
-// answers): Redis runs the calls' decisions one after another inside one
-// call, so it reads one command, looks up one function and reads TIME
-// once for the whole batch. The same replies come back as from one FCALL each at one
-// instant, and the same error codes: one decision's error reply is that
-// call's alone, and an error of the whole call (a timeout, a lost
+// decision, or its error: Redis runs the calls' decisions one after another
+// inside one call, so it reads one command, looks up one function and reads
+// TIME once for the whole batch, and reads and writes once a key that
+// several decisions name. The same decisions come back as from one FCALL
+// each at one instant, and the same error codes: one decision's error reply
+// is that call's alone, and an error of the whole call (a timeout, a lost
 // connection) is every call's, an unknown outcome as for any pipeline. It
 // reports false, having sent nothing that ran, when the server turned out
 // not to run functions (the calls are then sent one by one, as EVALSHA,
 // and later batches as DecideManyScript) or to refuse keys of several
 // slots in one call.
-func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall) bool {
-	keys, args, ok := manyArgs(live)
+func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*scriptCall, m *manyScratch) bool {
+	keys, args, ok := m.args(live)
 	if !ok {
 		return false // not a decide call's shape: send them as they are
 	}
@@ -699,89 +707,95 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 		}
 	}
 	flat, err := cmd.Slice()
-	if err == nil && !manyReplyFits(flat, live) {
-		err = fmt.Errorf("redis store: %s answered %d values, not an instant and the replies of %d decisions", c.fn.lib.DecideMany, len(flat), len(live))
-	}
-	// A bare reply (one check on the Redis clock: its four values) is
-	// completed into decide.lua's, in one array for the whole batch.
-	var full []any
 	if err == nil {
-		n := 0
-		for _, call := range live {
-			if bare(call) {
-				n++
-			}
-		}
-		full = make([]any, 0, 6*n)
+		err = readMany(flat, live)
 	}
-	p := 1
 	for _, call := range live {
-		if err != nil {
+		switch {
+		case err != nil:
 			c.deliver(call, nil, err)
-			continue
+		case call.err != nil:
+			c.deliver(call, nil, call.err)
+		default:
+			c.deliver(call, nil, nil) // its decision is in call.vals
 		}
-		if e, ok := flat[p].(error); ok {
-			c.deliver(call, nil, e)
-			p++
-			continue
-		}
-		if bare(call) {
-			v := flat[p : p+4]
-			admitted := int64(0)
-			if v[0] == int64(1) || shadowed(call) {
-				admitted = 1
-			}
-			at := len(full)
-			full = append(full, admitted, flat[0], v[0], v[1], v[2], v[3])
-			c.deliver(call, full[at:at+6:at+6], nil)
-			p += 4
-			continue
-		}
-		end := p + 2 + 4*len(call.keys)
-		c.deliver(call, flat[p:end:end], nil)
-		p = end
 	}
 	return true
 }
 
-// manyReplyFits reports whether DecideMany's flat reply holds its instant,
-// then, decision after decision, either one error, or a bare reply of 4
-// values, or a decide reply of 2 values and 4 per check, and nothing more.
-func manyReplyFits(flat []any, live []*scriptCall) bool {
-	if len(flat) == 0 {
-		return false
-	}
-	if _, ok := flat[0].(int64); !ok {
-		return false
+// readMany reads DecideMany's flat reply: the call's instant, then each
+// call's decision, per check two values when it allowed (remaining, reset)
+// and three when it denied (-remaining - 1, reset, retry), or one error.
+// Each call gets its decision in vals, in decide.lua's reply's order, or
+// its error in err. A reply that does not fit the calls, to the last value
+// (or says a reset below 0, a retry below -1), is an error for all of them.
+func readMany(flat []any, live []*scriptCall) error {
+	short := fmt.Errorf("redis store: DecideMany answered %d values, not an instant and the decisions of %d calls", len(flat), len(live))
+	clock, ok := at(flat, 0)
+	if !ok {
+		return short
 	}
 	p := 1
 	for _, call := range live {
+		call.vals, call.err = call.vals[:0], nil
 		if p >= len(flat) {
-			return false
+			return short
 		}
-		switch _, isErr := flat[p].(error); {
-		case isErr:
+		if e, isErr := flat[p].(error); isErr {
+			call.err = e
 			p++
-		case bare(call):
-			p += 4
-		default:
-			p += 2 + 4*len(call.keys)
+			continue
+		}
+		now := clock
+		if !onClock(call) {
+			now, _ = call.args[0].(int64)
+		}
+		call.vals = append(call.vals, 1, now)
+		for i := range call.keys {
+			v, ok := at(flat, p)
+			if !ok {
+				return short
+			}
+			reset, ok := at(flat, p+1)
+			if !ok || reset < 0 {
+				return short
+			}
+			if v >= 0 {
+				call.vals = append(call.vals, 1, v, reset, 0)
+				p += 2
+				continue
+			}
+			retry, ok := at(flat, p+2)
+			if !ok || retry < -1 {
+				return short
+			}
+			call.vals = append(call.vals, 0, -v-1, reset, retry)
+			p += 3
+			if !isOne(call.args[1+6*i+5]) {
+				call.vals[0] = 0 // a check that is not a shadow denied
+			}
 		}
 	}
-	return p == len(flat)
+	if p != len(flat) {
+		return short
+	}
+	return nil
 }
 
-// bare reports a decide call that DecideMany answers bare, without its
-// admitted and its instant: one check, on the Redis clock.
-func bare(call *scriptCall) bool {
-	return len(call.keys) == 1 && onClock(call)
+// at returns flat[i] when it is an integer.
+func at(flat []any, i int) (int64, bool) {
+	if i >= len(flat) {
+		return 0, false
+	}
+	v, ok := flat[i].(int64)
+	return v, ok
 }
 
-// shadowed reports a decide call of one check that only reports: its
-// shadow argument, the last, is what go-redis sends as "1", the one value
-// decide.lua takes for a shadow (appendCheckArgs gives an int).
-func shadowed(call *scriptCall) bool {
-	switch v := call.args[len(call.args)-1].(type) {
+// isOne reports a shadow argument of a decide call: what go-redis sends as
+// "1", the one value decide.lua takes for a shadow (appendCheckArgs gives
+// an int).
+func isOne(v any) bool {
+	switch v := v.(type) {
 	case int:
 		return v == 1
 	case int64:
@@ -794,92 +808,195 @@ func shadowed(call *scriptCall) bool {
 	return false
 }
 
-// manyScanShapes is how many distinct shapes manyArgs looks through one
-// by one before it indexes them in a map.
+// manyScanShapes is how many distinct shapes (and combinations) a
+// manyScratch looks through one by one before it indexes them in a map.
 const manyScanShapes = 8
 
-// manyArgs is DecideMany's KEYS and ARGV for the decide calls live (see
+// maxHeldChecks is how many checks of a decision may have their key held:
+// DecideMany takes the checks' bits above a combination's 16 in one
+// number, which a double holds exactly up to 2^53.
+const maxHeldChecks = 30
+
+// A check's values in a call's decide ARGV (after now): code, limit,
+// period, burst at 0..3, cost at 4, shadow at 5; a shape keeps them in
+// DecideMany's order (shadow before cost).
+type shape [6]any
+
+// manyScratch is a runner's reusable space for building DecideMany's
+// arguments: one per runner, so building a batch's allocates little.
+type manyScratch struct {
+	shapes  []shape
+	byShape map[shape]int
+	// combos holds each combination's shape numbers (1-based) one after
+	// another, starts where each begins (and one past the last).
+	combos  []int
+	starts  []int
+	byCombo map[string]int
+	// each call's combination (1-based) and, for each check, its shape
+	// number
+	callCombo []int
+	index     []int
+	// occurrences of each key among the decisions on the Redis clock
+	seen map[string]int
+}
+
+// args is DecideMany's KEYS and ARGV for the decide calls live (see
 // lua/decide_many.lua): the distinct check shapes (code, limit, period,
-// burst, shadow, cost) once, then each decision as the shapes of its checks:
-// one value for a decision of one check on the Redis clock, 1+n for one of
-// n checks, 3+n for one at its own instant (a test clock). ok is false when
-// a call is not shaped as a decide call.
-func manyArgs(live []*scriptCall) (keys []string, args []any, ok bool) {
-	// A check's values in a call's decide ARGV (after now): code, limit,
-	// period, burst at 0..3, cost at 4, shadow at 5; a shape keeps them in
-	// DecideMany's order.
-	type shape [6]any
-	var shapes []shape
-	nk, clock := 0, 0
+// burst, shadow, cost) once, the distinct combinations of shapes once,
+// then each decision as its combination, with the bits of its checks
+// whose key another decision of the batch names too, so that Redis holds
+// those keys for the call (none when a decision is at its own instant,
+// and never a sliding_log key); or, for one at its own instant (a test
+// clock), the negated combination and the instant. ok is false when a
+// call is not shaped as a decide call.
+func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bool) {
+	nk, clock := 0, true
 	for _, call := range live {
 		if len(call.args) != 1+6*len(call.keys) || len(call.keys) == 0 {
 			return nil, nil, false
 		}
 		nk += len(call.keys)
-		if onClock(call) {
-			clock++
+		if !onClock(call) {
+			clock = false
 		}
 	}
-	// A batch's checks mostly share a few shapes, found by a scan; past
-	// manyScanShapes (identity overrides can give every caller its own
-	// numbers) a map keeps the search linear in the batch.
-	var byShape map[shape]int
-	index := make([]int, 0, nk)
+	m.shapes, m.combos, m.starts = m.shapes[:0], m.combos[:0], m.starts[:0]
+	m.callCombo, m.index = m.callCombo[:0], m.index[:0]
+	clear(m.byShape)
+	clear(m.byCombo)
+	m.starts = append(m.starts, 0)
 	for _, call := range live {
+		from := len(m.index)
 		for i := range call.keys {
 			a := call.args[1+6*i:]
-			sh := shape{a[0], a[1], a[2], a[3], a[5], a[4]}
-			at, found := -1, false
-			if byShape != nil {
-				at, found = byShape[sh]
-			} else {
-				for j := range shapes {
-					if shapes[j] == sh {
-						at, found = j, true
-						break
-					}
+			m.index = append(m.index, m.shapeOf(shape{a[0], a[1], a[2], a[3], a[5], a[4]})+1)
+		}
+		m.callCombo = append(m.callCombo, m.comboOf(m.index[from:])+1)
+	}
+	// Keys named more than once, counted where a decision could hold them.
+	holds := clock && len(live) > 1
+	if holds {
+		if m.seen == nil {
+			m.seen = make(map[string]int, nk)
+		}
+		clear(m.seen)
+		for _, call := range live {
+			for i, k := range call.keys {
+				if i < maxHeldChecks && !isSlidingLog(call.args[1+6*i]) {
+					m.seen[k]++
 				}
 			}
-			if !found {
-				at = len(shapes)
-				shapes = append(shapes, sh)
-				switch {
-				case byShape != nil:
-					byShape[sh] = at
-				case len(shapes) > manyScanShapes:
-					byShape = make(map[shape]int, nk)
-					for j, s := range shapes {
-						byShape[s] = j
-					}
-				}
-			}
-			index = append(index, at+1)
 		}
 	}
 	keys = make([]string, 0, nk)
-	args = make([]any, 0, 2+6*len(shapes)+len(live)+nk+2*(len(live)-clock))
-	args = append(args, len(live), len(shapes))
-	for _, sh := range shapes {
+	args = make([]any, 0, 3+6*len(m.shapes)+len(m.combos)+len(m.starts)+2*len(live))
+	args = append(args, len(live), len(m.shapes), len(m.starts)-1)
+	for _, sh := range m.shapes {
 		args = append(args, sh[:]...)
 	}
-	x := 0
-	for _, call := range live {
-		keys = append(keys, call.keys...)
-		n := len(call.keys)
-		switch {
-		case bare(call):
-			// one check on the Redis clock: its shape alone
-		case onClock(call):
-			args = append(args, -n)
-		default:
-			args = append(args, 0, n, call.args[0])
-		}
-		for range n {
-			args = append(args, index[x])
-			x++
+	for j := 1; j < len(m.starts); j++ {
+		args = append(args, m.starts[j]-m.starts[j-1])
+		for _, x := range m.combos[m.starts[j-1]:m.starts[j]] {
+			args = append(args, x)
 		}
 	}
+	for j, call := range live {
+		keys = append(keys, call.keys...)
+		x := int64(m.callCombo[j])
+		if !onClock(call) {
+			args = append(args, -x, call.args[0])
+			continue
+		}
+		if holds {
+			for i, k := range call.keys {
+				if i < maxHeldChecks && m.seen[k] > 1 {
+					x |= 1 << (16 + i)
+				}
+			}
+		}
+		args = append(args, x)
+	}
 	return keys, args, true
+}
+
+// shapeOf returns sh's index among the batch's shapes, adding it: a scan
+// while they are few, a map once identity overrides give many callers
+// numbers of their own.
+func (m *manyScratch) shapeOf(sh shape) int {
+	if m.byShape != nil && len(m.shapes) > manyScanShapes {
+		if at, ok := m.byShape[sh]; ok {
+			return at
+		}
+	} else {
+		for j := range m.shapes {
+			if m.shapes[j] == sh {
+				return j
+			}
+		}
+	}
+	m.shapes = append(m.shapes, sh)
+	at := len(m.shapes) - 1
+	switch {
+	case len(m.shapes) > manyScanShapes+1:
+		m.byShape[sh] = at
+	case len(m.shapes) == manyScanShapes+1:
+		if m.byShape == nil {
+			m.byShape = make(map[shape]int)
+		}
+		for j, s := range m.shapes {
+			m.byShape[s] = j
+		}
+	}
+	return at
+}
+
+// comboOf returns the index of the combination of shape numbers idx among
+// the batch's, adding it (a copy): a scan while they are few, a map past
+// that.
+func (m *manyScratch) comboOf(idx []int) int {
+	n := len(m.starts) - 1
+	if m.byCombo != nil && n > manyScanShapes {
+		if at, ok := m.byCombo[comboKey(idx)]; ok {
+			return at
+		}
+	} else {
+		for j := range n {
+			if slices.Equal(m.combos[m.starts[j]:m.starts[j+1]], idx) {
+				return j
+			}
+		}
+	}
+	m.combos = append(m.combos, idx...)
+	m.starts = append(m.starts, len(m.combos))
+	at := n
+	switch {
+	case n+1 > manyScanShapes+1:
+		m.byCombo[comboKey(idx)] = at
+	case n+1 == manyScanShapes+1:
+		if m.byCombo == nil {
+			m.byCombo = make(map[string]int)
+		}
+		for j := 0; j <= n; j++ {
+			m.byCombo[comboKey(m.combos[m.starts[j]:m.starts[j+1]])] = j
+		}
+	}
+	return at
+}
+
+// comboKey is a map key for a combination of shape numbers.
+func comboKey(idx []int) string {
+	b := make([]byte, 0, 4*len(idx))
+	for _, x := range idx {
+		b = binary.AppendUvarint(b, uint64(x))
+	}
+	return string(b)
+}
+
+// isSlidingLog reports a check's algorithm code argument for sliding_log,
+// whose sorted set DecideMany never holds.
+func isSlidingLog(code any) bool {
+	c, ok := code.(int)
+	return ok && c == limits.SlidingLog.Code()
 }
 
 // onClock reports a decide call on the Redis clock (now 0).

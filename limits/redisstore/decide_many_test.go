@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func firstErr(errs []error) error {
 // runner does, and returns how many were admitted and the errors.
 func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs []error) {
 	t.Helper()
-	s.co.send(s.co.client.Pipeline(), calls, nil)
+	s.co.send(s.co.client.Pipeline(), calls, nil, &manyScratch{})
 	for _, call := range calls {
 		reply, err, owned := call.wait()
 		if !owned {
@@ -82,8 +83,8 @@ func sendBatch(t *testing.T, s *Store, calls []*scriptCall) (admitted int, errs 
 		}
 		if err == nil {
 			r := make([]limits.Result, len(call.keys))
-			var ok bool
-			if ok, err = parseDecideReply(reply, r); ok && err == nil {
+			var adm int64
+			if adm, _, err = callResults(call, reply, r); adm == 1 && err == nil {
 				admitted++
 			}
 		}
@@ -267,60 +268,73 @@ func TestBatchOnClusterModeServer(t *testing.T) {
 	}
 }
 
-// TestManyReplyFits: sendMany takes DecideMany's flat reply as the call's
-// instant, then decision after decision one error, or 4 values for a bare
-// decision (one check on the Redis clock), or 2 values and 4 per check,
-// and refuses a reply without its instant or with a value too many or too
-// few for its calls.
-func TestManyReplyFits(t *testing.T) {
+// TestReadMany: readMany takes DecideMany's flat reply as the call's
+// instant, then decision after decision one error, or per check two values
+// when it allowed and three when it denied, and gives each call its
+// decision in decide.lua's order: admitted when no check that is not a
+// shadow denied, at the batch's instant or its own. It refuses a reply
+// without its instant, with a value too many or too few for its calls, or
+// with a value that is not a number.
+func TestReadMany(t *testing.T) {
 	ctx := context.Background()
 	one, two := fwCall(t, ctx, "a", 5), fwCall(t, ctx, "b", 5, "c", 5)
-	at := fwCall(t, ctx, "d", 5)
-	at.args[0] = int64(1_000_000) // its own instant: not bare
-	live := []*scriptCall{one, two, at, one}
-	clock := []any{int64(1_796_000_000_000_000)}
-	bare4 := []any{int64(1), int64(4), int64(9), int64(0)}
-	ok6 := []any{int64(1), int64(7), int64(1), int64(4), int64(9), int64(0)}
-	ok10 := append(append([]any{}, ok6...), int64(1), int64(3), int64(9), int64(0))
-	var fail error = fmt.Errorf("WRONGTYPE x") // go-redis gives an error value (a redis.Error)
+	shadow := fwCall(t, ctx, "s", 5, "t", 5)
+	shadow.args[len(shadow.args)-1] = 1 // its second check is a shadow
+	own := fwCall(t, ctx, "d", 5)
+	own.args[0] = int64(1_000_000) // its own instant
+	live := []*scriptCall{one, two, shadow, own}
+	const clock = int64(1_796_000_000_000_000)
+	allowed := []any{int64(4), int64(9)}           // remaining 4, reset 9
+	denied := []any{int64(-1), int64(9), int64(7)} // remaining 0, reset 9, retry 7
+	var fail error = fmt.Errorf("WRONGTYPE x")     // go-redis gives an error value (a redis.Error)
 	cat := func(parts ...[]any) []any {
-		var out []any
+		out := []any{clock}
 		for _, p := range parts {
 			out = append(out, p...)
 		}
 		return out
 	}
-	for what, c := range map[string]struct {
-		flat []any
-		want bool
-	}{
-		"all decided":             {cat(clock, bare4, ok10, ok6, bare4), true},
-		"an error each":           {cat(clock, []any{fail, fail, fail, fail}), true},
-		"the middle failed":       {cat(clock, bare4, []any{fail}, ok6, bare4), true},
-		"the last failed":         {cat(clock, bare4, ok10, ok6, []any{fail}), true},
-		"no instant":              {cat(bare4, ok10, ok6, bare4), false},
-		"an instant not a number": {cat([]any{"x"}, bare4, ok10, ok6, bare4), false},
-		"a bare reply in full":    {cat(clock, ok6, ok10, ok6, bare4), false},
-		"a full reply bare":       {cat(clock, bare4, ok10, bare4, bare4), false},
-		"a value short":           {cat(clock, bare4, ok10, ok6, bare4[:3]), false},
-		"a value too many":        {cat(clock, bare4, ok10, ok6, bare4, []any{int64(0)}), false},
-		"a decision missing":      {cat(clock, bare4, ok10, ok6), false},
-		"the instant alone":       {clock, false},
-		"nothing":                 {nil, false},
+	full := cat(allowed, allowed, denied, allowed, denied, allowed)
+	if err := readMany(full, live); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range [][]int64{
+		{1, clock, 1, 4, 9, 0},
+		{0, clock, 1, 4, 9, 0, 0, 0, 9, 7},
+		{1, clock, 1, 4, 9, 0, 0, 0, 9, 7}, // the denial is a shadow's
+		{1, 1_000_000, 1, 4, 9, 0},
 	} {
-		if got := manyReplyFits(c.flat, live); got != c.want {
-			t.Errorf("%s: manyReplyFits %v, want %v", what, got, c.want)
+		if !slices.Equal(live[i].vals, want) || live[i].err != nil {
+			t.Errorf("call %d: %v (%v), want %v", i, live[i].vals, live[i].err, want)
+		}
+	}
+	if err := readMany(cat(allowed, []any{fail}, []any{fail}, allowed), live); err != nil || two.err == nil || shadow.err == nil ||
+		one.err != nil || own.err != nil {
+		t.Errorf("errors of the middle two: %v; errors %v %v %v %v", err, one.err, two.err, shadow.err, own.err)
+	}
+	for what, flat := range map[string][]any{
+		"no instant":              full[1:],
+		"an instant not a number": append([]any{"x"}, full[1:]...),
+		"a value short":           full[:len(full)-1],
+		"a value too many":        append(slices.Clone(full), int64(0)),
+		"a decision missing":      cat(allowed, allowed, denied, allowed, denied),
+		"a value not a number":    cat(allowed, allowed, denied, []any{"4", int64(9)}, denied, allowed),
+		"the instant alone":       {clock},
+		"nothing":                 nil,
+	} {
+		if err := readMany(flat, live); err == nil {
+			t.Errorf("%s: readMany took it", what)
 		}
 	}
 }
 
-// TestBatchBareReplies: a decision of one check on the Redis clock comes
-// back from DecideMany as its check's four values alone, and sendMany
-// hands its caller decide.lua's whole reply: admitted when allowed or when
-// the check is a shadow, at the batch's instant. Shadow and enforced
-// checks past their limit, a decision at its own instant and one of two
-// checks share the batch.
-func TestBatchBareReplies(t *testing.T) {
+// TestBatchReplies: a batch's decisions come back from DecideMany compact
+// (per check two or three values), and each caller gets decide.lua's whole
+// decision: admitted when allowed or when the denying check is a shadow, at
+// the batch's instant or its own. Shadow and enforced checks past their
+// limit, a decision at its own instant and one of two checks share the
+// batch.
+func TestBatchReplies(t *testing.T) {
 	srv := testredis.Start(t)
 	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
 	ctx := testredis.Ctx(t)
@@ -335,7 +349,7 @@ func TestBatchBareReplies(t *testing.T) {
 		wants = append(wants, want{1, b2i(i < 2), left}, want{b2i(i < 2), b2i(i < 2), left})
 	}
 	own := fwCall(t, ctx, "bb:{o}:fw", 2)
-	own.args[0] = time.Now().UnixMicro() // its own instant: a full reply
+	own.args[0] = time.Now().UnixMicro() // its own instant
 	calls = append(calls, own, fwCall(t, ctx, "bb:{m}:fw", 2, "bb:{m2}:fw", 2))
 	wants = append(wants, want{1, 1, 1}, want{1, 1, 1})
 	client := srv.Client(t)
@@ -343,36 +357,38 @@ func TestBatchBareReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := time.Now().UnixMicro()
-	s.co.send(s.co.client.Pipeline(), calls, nil)
+	s.co.send(s.co.client.Pipeline(), calls, nil, &manyScratch{})
 	if n := commandCalls(t, client)["fcall"]; n != 1 {
 		t.Fatalf("%d FCALLs for one batch, want one of DecideMany", n)
 	}
-	var clock any
+	var clock int64
 	for i, call := range calls {
 		reply, err, owned := call.wait()
 		if !owned || err != nil {
 			t.Fatalf("call %d: owned %v, error %v", i, owned, err)
 		}
-		r, ok := reply.([]any)
-		if !ok || len(r) != 2+4*len(call.keys) {
-			t.Fatalf("call %d: reply %v, want decide.lua's for %d checks", i, reply, len(call.keys))
+		r := make([]limits.Result, len(call.keys))
+		adm, at, err := callResults(call, reply, r)
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
 		}
 		w := wants[i]
-		if r[0] != w.admitted || r[2] != w.allowed || r[3] != w.remaining {
-			t.Errorf("call %d (%v %v): reply %v, want admitted %d, allowed %d, remaining %d", i, call.keys, call.args, r, w.admitted, w.allowed, w.remaining)
+		if adm != w.admitted || b2i(r[0].Allowed) != w.allowed || r[0].Remaining != w.remaining {
+			t.Errorf("call %d (%v %v): admitted %d, %+v, want admitted %d, allowed %d, remaining %d", i, call.keys, call.args, adm, r[0],
+				w.admitted, w.allowed, w.remaining)
 		}
 		switch {
 		case i == 6:
-			if r[1] != own.args[0] {
-				t.Errorf("the call at its own instant %v was decided at %v", own.args[0], r[1])
+			if at != own.args[0] {
+				t.Errorf("the call at its own instant %v was decided at %v", own.args[0], at)
 			}
-		case clock == nil:
-			clock = r[1]
-			if at, ok := clock.(int64); !ok || at < before-time.Minute.Microseconds() {
+		case clock == 0:
+			clock = at
+			if clock < before-time.Minute.Microseconds() {
 				t.Errorf("call %d decided at %v, not the Redis clock", i, clock)
 			}
-		case r[1] != clock:
-			t.Errorf("call %d decided at %v, the batch's first at %v", i, r[1], clock)
+		case at != clock:
+			t.Errorf("call %d decided at %v, the batch's first at %v", i, at, clock)
 		}
 		call.release()
 	}
@@ -387,9 +403,9 @@ func b2i(b bool) int64 {
 }
 
 // TestShadowedSpellings: every spelling of the shadow flag that reaches
-// Redis as "1" (decide.lua's only shadow) is a shadow to sendMany too, and
-// nothing else is: a bare denied check must not admit by one reading and
-// deny by the other.
+// Redis as "1" (decide.lua's only shadow) is a shadow to readMany too, and
+// nothing else is: a denied check must not admit by one reading and deny
+// by the other.
 func TestShadowedSpellings(t *testing.T) {
 	ctx := context.Background()
 	client := testredis.Start(t).Client(t)
@@ -398,15 +414,81 @@ func TestShadowedSpellings(t *testing.T) {
 		want bool
 	}{{1, true}, {int64(1), true}, {true, true}, {"1", true},
 		{0, false}, {int64(0), false}, {false, false}, {"0", false}, {2, false}, {"true", false}} {
-		call := fwCall(t, ctx, "s", 5)
-		call.args[len(call.args)-1] = c.v
-		if got := shadowed(call); got != c.want {
-			t.Errorf("shadow argument %#v: shadowed %v, want %v", c.v, got, c.want)
+		if got := isOne(c.v); got != c.want {
+			t.Errorf("shadow argument %#v: isOne %v, want %v", c.v, got, c.want)
 		}
 		// what Redis receives
 		got, err := client.Do(ctx, "ECHO", c.v).Text()
 		if err != nil || (got == "1") != c.want {
 			t.Errorf("shadow argument %#v reaches Redis as %q (%v)", c.v, got, err)
 		}
+	}
+}
+
+// TestManyArgsHolds: a batch names each shape and each combination of
+// shapes once, and marks a check's key as held in every decision on the
+// Redis clock that names a key another decision names too; never a
+// sliding_log key, none past maxHeldChecks, and none at all when a
+// decision of the batch is at its own instant (DecideMany would not hold
+// its keys, and the two must not see different records).
+func TestManyArgsHolds(t *testing.T) {
+	ctx := context.Background()
+	sl := func(call *scriptCall, i int) *scriptCall {
+		call.args[1+6*i] = limits.SlidingLog.Code()
+		return call
+	}
+	live := []*scriptCall{
+		fwCall(t, ctx, "u1", 5, "r1", 50, "g", 500),
+		fwCall(t, ctx, "u2", 5, "r2", 50, "g", 500),
+		fwCall(t, ctx, "u3", 5, "r1", 50, "g", 500),
+		fwCall(t, ctx, "g", 500),
+		sl(fwCall(t, ctx, "s", 5), 0),
+		sl(fwCall(t, ctx, "s", 5), 0),
+	}
+	var m manyScratch
+	keys, args, ok := m.args(live)
+	if !ok {
+		t.Fatal("not taken as decide calls")
+	}
+	if want := []string{"u1", "r1", "g", "u2", "r2", "g", "u3", "r1", "g", "g", "s", "s"}; !slices.Equal(keys, want) {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+	// m, r, c; shapes: fw 5, fw 50, fw 500, sl 5; combinations: (1 2 3), (3), (4)
+	if head := args[:3]; !slices.Equal(head, []any{6, 4, 3}) {
+		t.Fatalf("m, r, c = %v, want 6, 4, 3", head)
+	}
+	combos := args[3+6*4 : 3+6*4+4+2+2]
+	if want := []any{3, 1, 2, 3, 1, 3, 1, 4}; !slices.Equal(combos, want) {
+		t.Fatalf("combinations %v, want %v", combos, want)
+	}
+	const c1, c2, c3 = 1, 2, 3
+	bits := func(combo int64, held ...int) int64 {
+		for _, i := range held {
+			combo |= 1 << (16 + i)
+		}
+		return combo
+	}
+	want := []any{bits(c1, 1, 2), bits(c1, 2), bits(c1, 1, 2), bits(c2, 0), bits(c3), bits(c3)}
+	if got := args[len(args)-6:]; !slices.Equal(got, want) {
+		t.Fatalf("decisions %v, want %v (route r1 and the global key held, not the sliding_log key)", got, want)
+	}
+
+	// One decision at its own instant: nothing held.
+	live[1].args[0] = int64(1_000_000)
+	_, args, _ = m.args(live)
+	want = []any{bits(c1), int64(-c1), int64(1_000_000), bits(c1), bits(c2), bits(c3), bits(c3)}
+	if got := args[len(args)-7:]; !slices.Equal(got, want) {
+		t.Fatalf("with a decision at its own instant: %v, want %v", got, want)
+	}
+
+	// A decision of more checks than can be marked: the rest are not held.
+	var wide []any
+	for i := range maxHeldChecks + 2 {
+		wide = append(wide, fmt.Sprintf("w%d", i), 5)
+	}
+	_, args, _ = m.args([]*scriptCall{fwCall(t, ctx, wide...), fwCall(t, ctx, wide...)})
+	x := args[len(args)-1].(int64)
+	if x>>16 != 1<<maxHeldChecks-1 {
+		t.Fatalf("a decision of %d checks on held keys holds %b, want the first %d", maxHeldChecks+2, x>>16, maxHeldChecks)
 	}
 }

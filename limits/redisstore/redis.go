@@ -430,22 +430,51 @@ func (s *Store) decideAll(ctx context.Context, b *limits.Batch, results []limits
 		}
 		call.keys = append(call.keys, c.Key)
 	}
-	reply, err := s.eval(call)
+	admitted, _, err := s.decideCall(call, results)
 	if err != nil {
 		s.noteError(err)
 		return false, fmt.Errorf("redis store: decide: %w", err)
 	}
-	return parseDecideReply(reply, results)
+	return admitted == 1, nil
 }
 
-// eval runs decide.lua with call's keys and arguments, through the
-// pipelines of the server that holds them, and disposes of call.
-func (s *Store) eval(call *scriptCall) (any, error) {
+// decideCall runs decide.lua with call's keys and arguments, through the
+// pipelines of the server that holds them, fills results from its reply
+// (see callResults), and disposes of call. It returns the decision's
+// admitted and instant.
+func (s *Store) decideCall(call *scriptCall, results []limits.Result) (admitted, at int64, err error) {
 	reply, err, owned := s.run(call)
+	if err == nil {
+		admitted, at, err = callResults(call, reply, results)
+	}
 	if owned {
 		call.release()
 	}
-	return reply, err
+	return admitted, at, err
+}
+
+// callResults fills results from the decision of call, whose reply came:
+// from call.vals when a batch's runner decoded it there (reply nil), else
+// from reply, decide.lua's reply as go-redis gave it. It returns the
+// decision's admitted and instant.
+func callResults(call *scriptCall, reply any, results []limits.Result) (admitted, at int64, err error) {
+	if reply == nil && len(call.vals) > 0 {
+		return parseVals(call.vals, results)
+	}
+	return parseReply(reply, 2, results)
+}
+
+// parseVals reads a decision as numbers (admitted, now, then four per
+// result), as a batch's runner leaves it in a call.
+func parseVals(vals []int64, results []limits.Result) (admitted, at int64, err error) {
+	if len(vals) != 2+4*len(results) {
+		return 0, 0, fmt.Errorf("redis store: reply has %d values, want %d", len(vals), 2+4*len(results))
+	}
+	for i := range results {
+		v := vals[2+4*i:]
+		results[i] = limits.Result{Allowed: v[0] == 1, Remaining: v[1], ResetUS: v[2], RetryUS: v[3]}
+	}
+	return vals[0], vals[1], nil
 }
 
 // run sends call to the server that holds its keys and waits for the
@@ -583,13 +612,6 @@ func boxInt(v int64) any {
 	m[v] = b
 	boxes.Store(&m)
 	return b
-}
-
-// parseDecideReply turns decide.lua's reply into results. Any surprise in the
-// reply's shape is an error, never a panic.
-func parseDecideReply(reply any, results []limits.Result) (bool, error) {
-	admitted, _, err := parseReply(reply, 2, results)
-	return admitted == 1, err
 }
 
 // parseReply reads a reply of head integers followed by four per result

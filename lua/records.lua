@@ -1,0 +1,33 @@
+-- records.lua — a decide_many call's held records, which every algorithm
+-- can write to instead of Redis.
+--
+-- lua.go puts this file first in every script it assembles and in the
+-- function library. Run alone (redis-cli --eval) an algorithm file never
+-- calls it: its io is nil.
+--
+-- decide_many.lua holds the records of the keys a call names more than once
+-- (a route's or the whole API's rule: one key for many requests) in a table
+-- io: io[key] is the record (a string, or false: none). rg_written[key] is
+-- true once a decision of the call wrote it, rg_expiry[key] how long after
+-- the call's instant it expires when a write of this call said so (nil:
+-- the expiry it has in Redis; false: none); decide_many.lua sets both anew
+-- for each call that holds keys. An algorithm given io reads the key from
+-- io and writes it with rg_hold; the call writes each written key to
+-- Redis once, when it ends (dm_flush in decide_many.lua): one GET and one
+-- SET per key and call instead of one each per decision, and the same
+-- record and expiry as writing at once would leave (a call runs at one
+-- instant, and nothing else runs during it).
+
+-- rg_hold is an algorithm's write of key: the record v (false: the key is
+-- deleted), expiring ms after the call's instant, or keeping the expiry it
+-- has (ms nil).
+local rg_written, rg_expiry
+
+local function rg_hold(io, key, v, ms)
+  io[key], rg_written[key] = v, true
+  if not v then
+    rg_expiry[key] = false
+  elseif ms then
+    rg_expiry[key] = ms
+  end
+end

@@ -161,7 +161,10 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
     -- and its expiry (set when c became non-zero) is curr's. The general
     -- path below comes to the same numbers; this is the common case, said
     -- in fewer steps.
-    local est = sw_estimate(sp, sc, elapsed, period)
+    -- sw_estimate's steps, written out: x = prev * (1 - elapsed / P) once,
+    -- then x + curr before and after the cost (the same doubles)
+    local x = sp * (1 - elapsed / period)
+    local est = x + sc
     if est + cost > limit then
       return sw_denied(sp, sc, we, ws, we, elapsed, now, period, limit, cost, est)
     end
@@ -173,7 +176,7 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
       if lrem < 0 then lrem = 0 end
       if cost == 0 then return 1, lrem, reset, 0 end
     end
-    local remaining = math.floor(limit - sw_estimate(sp, sc + cost, elapsed, period))
+    local remaining = math.floor(limit - (x + (sc + cost)))
     if remaining < 0 then remaining = 0 end
     if solo then
       if io then

@@ -46,9 +46,10 @@ vet: fmt
 # running at once starve each other and those bounds stop meaning anything.
 unit:
 	$(GO) test -race -count=1 -p 1 -timeout 20m ./...
-	@# The hot-path allocation guards skip under -race (the race detector
-	@# makes sync.Pool drop items), so they run once more without it.
-	$(GO) test -count=1 -run 'Allocs|CostsNothing' ./handler/ ./app/ ./limits/
+	@# The hot-path allocation guards and the idle-connection memory test
+	@# skip under -race (the race detector makes sync.Pool drop items and
+	@# changes heap sizes), so they run once more without it.
+	$(GO) test -count=1 -run 'Allocs|CostsNothing|IdleConnectionMemory' ./handler/ ./app/ ./limits/
 	@# The fault suite once more on the other way of deciding: EVALSHA
 	@# instead of FCALL of the function library (redis.functions: false).
 	$(GO) test -count=1 -timeout 10m ./faults/ -args -faults.functions=false

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -255,6 +256,59 @@ func TestServerSlowLoris(t *testing.T) {
 	t.Logf("100 slow-loris connections closed by the server within %v (ReadTimeout 300ms; finishing would take %v)",
 		worst, time.Duration(len(goodRequest))*50*time.Millisecond)
 	check(t, worst < 2*time.Second, "slow connections held for %v", worst)
+}
+
+// TestServerFirstRequestFromAccept: a new connection's ReadTimeout runs
+// from accept, not from its first byte: a client that waits before its
+// first byte and then trickles its head is closed after ReadTimeout, not
+// nearly twice that (fasthttp's ReduceMemoryUsage would restart it).
+func TestServerFirstRequestFromAccept(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	addr := hardened(t, ServerOptions{ReadTimeout: timeout})
+	c := dial(t, addr)
+	start := time.Now()
+	time.Sleep(timeout - 50*time.Millisecond)
+	for _, b := range []byte(goodRequest) {
+		if _, err := c.Write([]byte{b}); err != nil {
+			break
+		}
+		if closedWithin(c, 30*time.Millisecond) {
+			break
+		}
+	}
+	held := time.Since(start)
+	t.Logf("ReadTimeout %v: a client that waited %v before its first byte was closed after %v", timeout, timeout-50*time.Millisecond, held)
+	check(t, held < timeout*3/2, "connection held %v, want about ReadTimeout (%v) from accept", held, timeout)
+}
+
+// TestServerIdleConnectionMemory: what an idle keep-alive connection pins
+// is its read buffer and little more (DefaultMaxConns says so).
+func TestServerIdleConnectionMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("heap sizes differ under the race detector")
+	}
+	addr := hardened(t, ServerOptions{})
+	heap := func() int64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	const n = 200
+	before := heap()
+	for range n {
+		c := dial(t, addr)
+		noErr(t, c.SetDeadline(time.Time{}))
+		_, err := io.WriteString(c, goodRequest)
+		noErr(t, err)
+		status, _ := readStatus(t, bufio.NewReader(c))
+		equal(t, 204, status)
+	}
+	time.Sleep(100 * time.Millisecond) // every server goroutine back in its idle wait
+	per := (heap() - before) / n
+	t.Logf("heap per idle keep-alive connection: %.1f KiB (read buffer %d KiB)", float64(per)/1024, DefaultReadBufferSize>>10)
+	check(t, per < DefaultReadBufferSize+16<<10, "an idle connection pins %d bytes, want at most the read buffer and 16 KiB", per)
 }
 
 func TestServerIdleTimeout(t *testing.T) {

@@ -14,7 +14,9 @@ import (
 const (
 	// DefaultReadTimeout bounds reading one request, headers and all, from
 	// its first byte (a new connection: from accept). A slow-loris client
-	// holds a connection no longer than this.
+	// holds a connection no longer than this. (fasthttp's
+	// ReduceMemoryUsage would restart it at a new connection's first byte,
+	// letting a client hold it twice as long: NewServer leaves it off.)
 	DefaultReadTimeout = 5 * time.Second
 	// DefaultWriteTimeout bounds writing one response.
 	DefaultWriteTimeout = 5 * time.Second
@@ -29,9 +31,11 @@ const (
 	DefaultReadBufferSize = 64 << 10
 	// DefaultMaxConns is the number of connections served at once. The
 	// next one gets "503 Service Unavailable" and is closed. Together with
-	// DefaultReadBufferSize it bounds the memory hostile clients can pin:
-	// at most MaxConns × ReadBufferSize (512 MiB at the defaults) while
-	// every connection is mid-request, far less when idle.
+	// DefaultReadBufferSize it bounds the memory clients can pin: a
+	// connection holds its read buffer, and a 4 KiB write buffer, from its
+	// first request to its close, idle or not (StreamRequestBody keeps the
+	// reader with the connection), so at most about MaxConns ×
+	// (ReadBufferSize + 8 KiB), some 580 MiB at the defaults.
 	DefaultMaxConns = 8192
 	// maxRequestBodySize is what the server reads of a request body before
 	// calling the handler. /auth never looks at a body (NGINX sends none);
@@ -91,9 +95,12 @@ func NewServer(h *Handler, opts ServerOptions) *fasthttp.Server {
 		StreamRequestBody:            true,
 		MaxRequestBodySize:           maxRequestBodySize,
 		DisablePreParseMultipartForm: true,
-		// Idle keep-alive connections give their read buffer back to the
-		// pool, so a large NGINX keep-alive pool does not pin 64 KiB each.
-		ReduceMemoryUsage: true,
+		// ReduceMemoryUsage stays off. With StreamRequestBody fasthttp
+		// never gives a keep-alive connection's read buffer back, so it
+		// saved no memory (about 67 KiB per idle connection with it, 71
+		// without); it cost a one-byte read system call on every new
+		// connection, and it restarted ReadTimeout at a new connection's
+		// first byte (DefaultReadTimeout).
 		// During shutdown, answers say Connection: close so NGINX stops
 		// reusing the connection.
 		CloseOnShutdown:       true,

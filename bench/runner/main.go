@@ -156,7 +156,7 @@ type settings struct {
 	Users       int           `json:"users"`
 	Scenarios   []string      `json:"scenarios"`
 	// NginxKeepalive, when > 0, is an experiment: the upstreams' keepalive
-	// (idle connections per worker) instead of the shipped 32 and 16.
+	// (idle connections per worker) instead of the shipped 64.
 	NginxKeepalive int `json:"nginx_keepalive,omitempty"`
 	// Pprof (BENCH_PPROF=1) runs rategate with -pprof and saves a CPU
 	// profile of its first run of each scenario next to the results.
@@ -300,7 +300,7 @@ func run(ctx context.Context, cfg settings, work, bin, repo, resultsDir string) 
 	ps := &procSet{pidFile: filepath.Join(work, "pids")}
 	defer ps.stopAll()
 	if cfg.NginxKeepalive > 0 {
-		fmt.Printf("EXPERIMENT: the NGINX copies keep %d idle connections per upstream (BENCH_NGINX_KEEPALIVE), not the shipped 32/16\n", cfg.NginxKeepalive)
+		fmt.Printf("EXPERIMENT: the NGINX copies keep %d idle connections per upstream (BENCH_NGINX_KEEPALIVE), not the shipped 64\n", cfg.NginxKeepalive)
 	}
 	st, err := startStack(ctx, ps, work, bin, repo, stackOptions{keepalive: cfg.NginxKeepalive, pprof: cfg.Pprof, lease: cfg.Lease})
 	if err != nil {

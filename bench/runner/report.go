@@ -141,7 +141,7 @@ func (res *results) markdown() string {
 	var b strings.Builder
 	s := res.Settings
 	if s.NginxKeepalive > 0 {
-		fmt.Fprintf(&b, "**Experiment:** NGINX upstreams with `keepalive %d` instead of the shipped 32 (auth service) and 16 (app).\n\n", s.NginxKeepalive)
+		fmt.Fprintf(&b, "**Experiment:** NGINX upstreams with `keepalive %d` instead of the shipped 64.\n\n", s.NginxKeepalive)
 	}
 	fmt.Fprintf(&b, "Measured %s with `make bench` (%s runs, %d alternations, wrk -t%d -c%d, %d users) at %s on a %d-CPU %s; "+
 		"load average %.2f before, %.2f after; %s.\n\n",

@@ -474,7 +474,8 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Source: "empty.yaml",
 		Redis: Redis{KeyPrefix: "rg", Timeout: 50 * time.Millisecond,
-			Coalesce: Coalesce{Enabled: true, Pipelines: 2, MaxBatch: 128, OverlapAfter: time.Millisecond}, Functions: true},
+			Coalesce:  Coalesce{Enabled: true, Pipelines: 2, MaxBatch: 128, Wait: 50 * time.Microsecond, OverlapAfter: time.Millisecond},
+			Functions: true},
 		DenyCache:         DenyCache{Enabled: true, MaxEntries: 100_000},
 		IdentityOverrides: IdentityOverrides{MaxEntries: 100_000},
 		FailureMode:       limits.FailAllow,
@@ -506,7 +507,10 @@ func TestDefaults(t *testing.T) {
 // the validator takes makes its default invalid.
 func TestOverlapDefaultFitsTimeout(t *testing.T) {
 	for redis, want := range map[string]time.Duration{
-		"timeout: 50ms": time.Millisecond, "timeout: 2ms": time.Millisecond, "timeout: 1ms": 500 * time.Microsecond,
+		// the default wait (50µs, at most a quarter of the timeout) comes
+		// out of the half the two share
+		"timeout: 50ms": time.Millisecond, "timeout: 2ms": 950 * time.Microsecond, "timeout: 1ms": 450 * time.Microsecond,
+		"timeout: 2ms, coalesce: {wait: 0s}": time.Millisecond,
 		// a wait of the whole half leaves no room: the hold-back is off
 		"timeout: 50ms, coalesce: {wait: 25ms}": 0, "timeout: 50ms, coalesce: {wait: 24700us}": 300 * time.Microsecond,
 	} {
@@ -522,7 +526,7 @@ func TestOverlapDefaultFitsTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, s := c.Describe(), "up to 2 pipelines in flight, at most 128 decisions each, another alongside once those in flight have waited 1ms"; !strings.Contains(d, s) {
+	if d, s := c.Describe(), "up to 2 pipelines in flight, at most 128 decisions each, under load waiting up to 50µs for more, another alongside once those in flight have waited 1ms"; !strings.Contains(d, s) {
 		t.Errorf("Describe() does not say %q:\n%s", s, d)
 	}
 }

@@ -119,7 +119,7 @@ func (r *Redis) describeCoalesce() string {
 	}
 	s := fmt.Sprintf("up to %d pipelines in flight, at most %d decisions each", c.Pipelines, c.MaxBatch)
 	if c.Wait > 0 {
-		s += ", waiting up to " + FormatDuration(c.Wait) + " for more"
+		s += ", under load waiting up to " + FormatDuration(c.Wait) + " for more"
 	}
 	if c.Pipelines > 1 && c.OverlapAfter > 0 {
 		s += ", another alongside once those in flight have waited " + FormatDuration(c.OverlapAfter)

@@ -52,8 +52,11 @@ const (
 	defaultMaxCost      = 100
 	defaultPipelines    = 2
 	defaultOverlapAfter = time.Millisecond
-	defaultDenyCache    = 100_000
-	maxDenyCache        = 10_000_000
+	// defaultWait: a runner under load lingers this long for more
+	// decisions (bench/README.md, "Lingering under load").
+	defaultWait      = 50 * time.Microsecond
+	defaultDenyCache = 100_000
+	maxDenyCache     = 10_000_000
 	// defaultMemoryKeys is memstore.DefaultMaxKeys (app's tests check).
 	defaultMemoryKeys = 1_000_000
 	maxMemoryKeys     = 100_000_000
@@ -215,7 +218,7 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 // redis.timeout for Redis.
 func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Duration) {
 	*out = Coalesce{Enabled: true, Pipelines: defaultPipelines, MaxBatch: defaultMaxBatch,
-		OverlapAfter: min(defaultOverlapAfter, timeout/2)}
+		Wait: min(defaultWait, timeout/4), OverlapAfter: min(defaultOverlapAfter, timeout/2-min(defaultWait, timeout/4))}
 	if c.Bad {
 		return
 	}

@@ -37,7 +37,10 @@ import (
 // itself: an idle service sends each decision at once, alone, and a busy
 // one sends as many as arrived during the last round trip. Wait, when set,
 // makes a runner that found fewer than MaxBatch calls linger that long for
-// more before it sends.
+// more before it sends, while the batches show load (two decisions or
+// more on average): a round trip then carries more decisions, and Redis
+// and rategate pay less per decision, for at most Wait more on each; an
+// idle service still sends each decision at once.
 //
 // One pipeline at a time, while it is quick: once batches carry two
 // decisions or more, a runner sends while another pipeline is in flight
@@ -78,7 +81,10 @@ type CoalesceOptions struct {
 	// DefaultMaxBatch.
 	MaxBatch int
 	// Wait is how long a runner that found fewer than MaxBatch decisions
-	// waits for more before sending. Default 0: send what is there.
+	// waits for more before sending, under load only: while the last
+	// batches carried two decisions or more on average (an idle service
+	// sends each decision at once). 0: send what is there. The zero value
+	// of CoalesceOptions means 0; config's default is DefaultWait.
 	Wait time.Duration
 	// Overlap is how long every pipeline in flight must have waited before
 	// a runner sends another alongside (overlapWait says when it need not
@@ -483,7 +489,7 @@ func (c *coalescer) run(i int) {
 		if batch, ok = c.takeWhenFree(i, hold, batch[:0]); !ok {
 			return
 		}
-		if linger != nil && len(batch) > 0 && len(batch) < c.opt.MaxBatch {
+		if linger != nil && len(batch) > 0 && len(batch) < c.opt.MaxBatch && c.busy() {
 			linger.Reset(c.opt.Wait)
 			select {
 			case <-linger.C:
@@ -503,6 +509,15 @@ func (c *coalescer) run(i int) {
 		c.mu.Unlock()
 		c.wake()
 	}
+}
+
+// busy reports whether the last batches carried two decisions or more on
+// average: decisions arrive faster than round trips, and a runner that
+// lingers (Wait) gathers more of them per round trip.
+func (c *coalescer) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.batchMean >= 2
 }
 
 // take moves queued calls into runner i's batch, up to MaxBatch in all,

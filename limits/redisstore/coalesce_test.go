@@ -491,3 +491,45 @@ func TestCoalescedClose(t *testing.T) {
 		t.Fatalf("call after Close: %v, want %v", err, errCoalescerClosed)
 	}
 }
+
+// TestCoalescedWaitUnderLoadOnly: a runner lingers Wait for more decisions
+// only while its batches show load (two or more on average): an idle
+// store answers a lone decision at once, a busy one gathers the decisions
+// that arrive during the linger into one pipeline.
+func TestCoalescedWaitUnderLoadOnly(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	_, _, store := controlledStore(t, CoalesceOptions{Pipelines: 1, Wait: wait})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	co := store.co
+	primeBatches(co, 1) // idle
+	start := time.Now()
+	var r [1]limits.Result
+	if _, err := store.Decide(ctx, oneCheck("wl:{idle}", 10), r[:]); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took >= wait/2 {
+		t.Fatalf("an idle store took %v to answer a lone decision, want far less than Wait (%v)", took, wait)
+	}
+
+	primeBatches(co, 8) // busy
+	before, taken := co.pipelines.Load(), co.taken.Load()
+	errs := make(chan error, 3)
+	decide := decideLater(ctx, store, errs)
+	start = time.Now()
+	decide("wl:{a}")
+	waitTaken(t, co, taken+1) // the runner holds the first while it lingers
+	decide("wl:{b}")
+	decide("wl:{c}")
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took < wait*3/4 {
+		t.Fatalf("a busy store answered after %v, want it to have lingered about Wait (%v)", took, wait)
+	}
+	if n := co.pipelines.Load() - before; n != 1 {
+		t.Fatalf("three decisions during a linger went in %d pipelines, want 1", n)
+	}
+}

@@ -73,7 +73,13 @@ local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held
   end
   local key = KEYS[k0 + i - 1]
   local hio = nil
-  if held and held[i] then hio = io end
+  if held and held[i] then
+    -- read into io when the call first needs it, here, after the checks
+    -- before it ran (as the decision alone would: a check before may
+    -- rewrite its record, and this read may fail)
+    hio = io
+    if io[key] == nil then io[key] = redis.call('GET', key) end
+  end
   local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, limit, period, burst, cost, false, hio)
   local ok = before and (a == 1 or shadow)
   local w = 4
@@ -87,12 +93,16 @@ local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held
     ok, stop = rest, after
   end
   if a == 1 and w1 then
+    -- a check that allowed stays allowed (its place in a compact reply was
+    -- taken for two values): in a denied request it reports its quota as
+    -- a zero-cost look would
     if ok then
       put(key, now, limit, period, burst, w1, w2, w3, w4, hio)
     elseif lrem then
       rem, reset = lrem, lreset
     else
-      a, rem, reset, retry = algo(key, now, limit, period, burst, 0, false, hio)
+      local _
+      _, rem, reset = algo(key, now, limit, period, burst, 0, false, hio)
     end
   end
   if not compact then

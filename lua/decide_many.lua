@@ -85,14 +85,8 @@ end
 -- dm_many decides a decision of combination cb (n checks, keys from
 -- KEYS[k] on) into out from p on, with rg_chain: it returns the index after
 -- its last value, or nil and an error reply. held says which of its keys
--- io holds; their records are loaded into io on first use.
+-- io holds (rg_chain reads each into io on first use).
 local function dm_many(KEYS, k, n, now, cb, out, p, io, held)
-  if held then
-    for i = 1, n do
-      local key = KEYS[k + i - 1]
-      if held[i] and io[key] == nil then io[key] = redis.call('GET', key) end
-    end
-  end
   local ok, stop = rg_chain(KEYS, k, 1, n, now, cb, nil, out, p, true, io, held, true)
   if ok == nil then return nil, stop end
   return stop

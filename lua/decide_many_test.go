@@ -568,3 +568,52 @@ func TestDecideManyOneTime(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideManyHeldKeyReadInOrder: a held key is read when its check is
+// reached, not before the decision's first check: here the first check
+// converts a gcra record written under another limit (a write that stays
+// when the decision then fails, as it would alone), and the second's held
+// key holds a hash (WRONGTYPE). Read up front, the error came first and
+// the conversion never happened.
+func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	period := int64(60_000_000)
+	for _, sp := range []string{"m", "o"} {
+		k := inSpace(sp)
+		// a gcra record written under limit 10
+		if err := client.FCall(ctx, lib.Decide, []string{k("g")}, decideArgv(0, [5]int64{4, 10, period, 10, 5})...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := client.HSet(ctx, k("h"), "x", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := testredis.KeyState(t, client, inSpace("m")("g"))
+	// limit 5 now: the record is converted by the first check that costs something
+	gc := [5]int64{4, 5, period, 10, 1}
+	fw := [5]int64{1, 5, period, 5, 1}
+	ds := []manyDecision{{[]string{"g", "h"}, decideArgv(0, gc, fw)}, {[]string{"h"}, decideArgv(0, fw)}}
+	keys, args := manyArgs(inSpace("m"), ds)
+	if heldChecks(args) != 2 {
+		t.Fatalf("want h held in both decisions: %v", args)
+	}
+	flat, err := client.FCall(ctx, lib.DecideMany, keys, args...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range ds {
+		if e, ok := flat[1+i].(redis.Error); !ok || !strings.Contains(e.Error(), "WRONGTYPE") {
+			t.Errorf("decision %d: %v, want WRONGTYPE", i, flat[1+i])
+		}
+		k, _ := manyArgs(inSpace("o"), []manyDecision{d})
+		argv := append([]any{flat[0]}, d.argv[1:]...) // alone, at the batch's instant
+		if err := client.FCall(ctx, lib.Decide, k, argv...).Err(); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Errorf("decision %d alone: %v, want WRONGTYPE", i, err)
+		}
+	}
+	m, o := testredis.KeyState(t, client, inSpace("m")("g")), testredis.KeyState(t, client, inSpace("o")("g"))
+	if m != o || m == before {
+		t.Errorf("gcra record: before %s, after the batch %s, alone %s; want the conversion in both", before, m, o)
+	}
+}

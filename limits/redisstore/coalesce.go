@@ -827,6 +827,11 @@ func isOne(v any) bool {
 // manyScratch looks through one by one before it indexes them in a map.
 const manyScanShapes = 8
 
+// maxCombinations is how many distinct combinations one DecideMany call
+// names at most: a decision's number holds its combination in 16 bits.
+// (Past that, a batch is sent as one call per decision.)
+const maxCombinations = 65535
+
 // maxHeldChecks is how many checks of a decision may have their key held:
 // DecideMany takes the checks' bits above a combination's 16 in one
 // number, which a double holds exactly up to 2^53.
@@ -862,8 +867,10 @@ type manyScratch struct {
 // whose key another decision of the batch names too, so that Redis holds
 // those keys for the call (none when a decision is at its own instant,
 // and never a sliding_log key); or, for one at its own instant (a test
-// clock), the negated combination and the instant. ok is false when a
-// call is not shaped as a decide call.
+// clock), the negated combination and the instant. A key is held for
+// every decision that names it or for none. ok is false when a call is not
+// shaped as a decide call, or the batch has more combinations than a
+// decision's number holds.
 func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bool) {
 	nk, clock := 0, true
 	for _, call := range live {
@@ -898,10 +905,21 @@ func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bo
 		for _, call := range live {
 			for i, k := range call.keys {
 				if i < maxHeldChecks && !isSlidingLog(call.args[1+6*i]) {
-					m.seen[k]++
+					if n := m.seen[k]; n >= 0 {
+						m.seen[k] = n + 1
+					}
+				} else {
+					// A check that reads and writes Redis itself (past the
+					// bits a decision's number has, or sliding_log): its
+					// key is held for no decision of the batch, or one
+					// would not see what the others counted.
+					m.seen[k] = -1
 				}
 			}
 		}
+	}
+	if len(m.starts)-1 > maxCombinations {
+		return nil, nil, false // a decision's number holds 16 bits of combination
 	}
 	keys = make([]string, 0, nk)
 	args = make([]any, 0, 3+6*len(m.shapes)+len(m.combos)+len(m.starts)+2*len(live))

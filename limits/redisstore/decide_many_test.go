@@ -491,4 +491,53 @@ func TestManyArgsHolds(t *testing.T) {
 	if x>>16 != 1<<maxHeldChecks-1 {
 		t.Fatalf("a decision of %d checks on held keys holds %b, want the first %d", maxHeldChecks+2, x>>16, maxHeldChecks)
 	}
+
+	// A key some decision names past the markable checks, or as a
+	// sliding_log key, is held for none: "g" here.
+	past := append(slices.Clone(wide[:2*maxHeldChecks]), "g", 5)
+	_, args, _ = m.args([]*scriptCall{fwCall(t, ctx, "g", 5), fwCall(t, ctx, past...), fwCall(t, ctx, "g", 5)})
+	if got := args[len(args)-3:]; got[0] != int64(c1) || got[2] != int64(c1) {
+		t.Fatalf("decisions %v: the key named at check %d is held", got, maxHeldChecks+1)
+	}
+	_, args, _ = m.args([]*scriptCall{fwCall(t, ctx, "g", 5), sl(fwCall(t, ctx, "g", 5), 0), fwCall(t, ctx, "g", 5)})
+	if got := args[len(args)-3:]; got[0] != int64(c1) || got[2] != int64(c1) {
+		t.Fatalf("decisions %v: a key named as a sliding_log key is held", got)
+	}
+
+	// More combinations than a decision's number holds: not a batch.
+	calls := make([]*scriptCall, maxCombinations+1)
+	for i := range calls {
+		calls[i] = fwCall(t, ctx, "c", 1+i) // a limit each: a shape, a combination each
+	}
+	if _, _, ok := m.args(calls); ok {
+		t.Fatalf("%d combinations taken as one DecideMany call", len(calls))
+	}
+	if _, _, ok := m.args(calls[:maxCombinations]); !ok {
+		t.Fatalf("%d combinations refused", maxCombinations)
+	}
+}
+
+// TestBatchHeldKeyPast30Checks: a key that one decision names past the
+// checks a decision's number can mark (or as a sliding_log key) is held
+// for no decision of the batch: held for the others, that decision would
+// read Redis without their counts, and the call's write at its end would
+// undo its own (three admitted on a limit of 2, the count left at 2).
+func TestBatchHeldKeyPast30Checks(t *testing.T) {
+	srv := testredis.Start(t)
+	client := srv.Client(t)
+	s := warmStore(t, &redis.Options{Addr: srv.Addr}, nil)
+	ctx := testredis.Ctx(t)
+	g := "hp:{g}:fw2"
+	var many []any
+	for i := range maxHeldChecks {
+		many = append(many, fmt.Sprintf("hp:{a%d}:fw2", i), 100)
+	}
+	many = append(many, g, 2) // g is check 31
+	calls := []*scriptCall{fwCall(t, ctx, g, 2), fwCall(t, ctx, many...), fwCall(t, ctx, g, 2)}
+	if admitted, errs := sendBatch(t, s, calls); admitted != 2 || len(errs) != 0 {
+		t.Fatalf("admitted %d of 3 on a key of limit 2 (errors %v), want 2", admitted, errs)
+	}
+	if n := fwCountText(client, g); n != "2" {
+		t.Fatalf("%s counts %q, want 2", g, n)
+	}
 }

@@ -112,7 +112,8 @@ local function ls_window_reset(code, key, now, limit, period, held, untl)
     fixed_window_put(key, now, limit, period, 0, held, untl, true)
     return
   end
-  sliding_window_put(key, now, limit, period, 0, math.floor(now / period) * period + period, held, 0, true)
+  local we = math.floor(now / period) * period + period
+  sliding_window_put(key, now, limit, period, 0, we, held, 0, sw_gone(we, period))
 end
 
 -- token_bucket ------------------------------------------------------------

@@ -114,13 +114,13 @@ local function sw_denied(prev, curr, cend, ws, we, elapsed, now, period, limit, 
   return 0, remaining, reset, retry
 end
 
--- sliding_window_put writes what an admission counted: the whole record,
--- expiring when its current count no longer counts, or (whole false) the
--- record as it stands with only c changed, its expiry kept; to io when
--- given (records.lua).
-local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, whole, io)
+-- sliding_window_put writes the record (e, curr, prev) under this period,
+-- expiring at gone (µs: when its counts no longer count), or, gone false,
+-- keeping the expiry it has (the record is this window's, as stored, and
+-- only c changed); to io when given (records.lua).
+local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, gone, io)
   local v, ms = struct.pack('<dddd', e, curr, prev, period), nil
-  if whole then ms = math.max(math.ceil((sw_gone(e, period) - now) / 1000), 2) end
+  if gone then ms = math.max(math.ceil((gone - now) / 1000), 2) end
   if io then
     rg_hold(io, key, v, ms)
   elseif ms then
@@ -134,7 +134,7 @@ end
 -- of one check) writes an admission at once; otherwise an admission that
 -- has something to write also returns what sliding_window_put needs (the
 -- current count's window end, the new current and previous counts, and
--- whether the whole record is to be written with its expiry; false: the
+-- when the record stops counting, which sets its expiry; false: the
 -- record is this window's, as stored, and only c changes), then the
 -- remaining and reset a zero-cost look would report instead, for a
 -- request another rule denies. io, when given, holds the key (records.lua):
@@ -179,10 +179,13 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
     local remaining = math.floor(limit - (x + (sc + cost)))
     if remaining < 0 then remaining = 0 end
     if solo then
+      -- sliding_window_put(..., we, sc + cost, sp, false, io), written out:
+      -- the call costs this path about 2% of a decision inside Redis
+      local w = struct.pack('<dddd', we, sc + cost, sp, period)
       if io then
-        rg_hold(io, key, struct.pack('<dddd', we, sc + cost, sp, period))
+        rg_hold(io, key, w)
       else
-        redis.call('SET', key, struct.pack('<dddd', we, sc + cost, sp, period), 'KEEPTTL')
+        redis.call('SET', key, w, 'KEEPTTL')
       end
       return 1, remaining, reset, 0
     end
@@ -226,12 +229,7 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
       -- counted under another period: rewrite the record under this one
       local gone = sw_gone(cend - period, period)
       if curr > 0 then gone = sw_gone(cend, period) end
-      local ms = math.max(math.ceil((gone - now) / 1000), 2)
-      if io then
-        rg_hold(io, key, struct.pack('<dddd', cend, curr, prev, period), ms)
-      else
-        redis.call('SET', key, struct.pack('<dddd', cend, curr, prev, period), 'PX', ms)
-      end
+      sliding_window_put(key, now, limit, period, burst, cend, curr, prev, gone, io)
     end
   end
 
@@ -255,11 +253,13 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
   curr = curr + cost
   local remaining = math.floor(limit - sw_estimate(prev, curr, elapsed, period))
   if remaining < 0 then remaining = 0 end
+  -- reset + now is sw_gone(cend, period): when curr stops counting
+  local gone = not same and reset + now
   if solo then
-    sliding_window_put(key, now, limit, period, burst, cend, curr, prev, not same, io)
+    sliding_window_put(key, now, limit, period, burst, cend, curr, prev, gone, io)
     return 1, remaining, reset, 0
   end
-  return 1, remaining, reset, 0, cend, curr, prev, not same, lrem, lreset
+  return 1, remaining, reset, 0, cend, curr, prev, gone, lrem, lreset
 end
 
 -- sliding_window_refund gives back cost, which a commit at `at` added to the

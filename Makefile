@@ -49,7 +49,7 @@ unit:
 	@# The hot-path allocation guards and the idle-connection memory test
 	@# skip under -race (the race detector makes sync.Pool drop items and
 	@# changes heap sizes), so they run once more without it.
-	$(GO) test -count=1 -run 'Allocs|CostsNothing|IdleConnectionMemory' ./handler/ ./app/ ./limits/
+	$(GO) test -count=1 -run 'Allocs|CostsNothing|IdleConnectionMemory' ./handler/ ./app/ ./limits/ ./limits/redisstore/
 	@# The fault suite once more on the other way of deciding: EVALSHA
 	@# instead of FCALL of the function library (redis.functions: false).
 	$(GO) test -count=1 -timeout 10m ./faults/ -args -faults.functions=false

@@ -858,6 +858,10 @@ type manyScratch struct {
 	index     []int
 	// occurrences of each key among the decisions on the Redis clock
 	seen map[string]int
+	// the last call's KEYS and ARGV (go-redis copies them into its
+	// command, so the next batch may reuse them)
+	keys []string
+	argv []any
 }
 
 // args is DecideMany's KEYS and ARGV for the decide calls live (see
@@ -870,7 +874,8 @@ type manyScratch struct {
 // clock), the negated combination and the instant. A key is held for
 // every decision that names it or for none. ok is false when a call is not
 // shaped as a decide call, or the batch has more combinations than a
-// decision's number holds.
+// decision's number holds. keys and args are m's: valid until its next
+// call.
 func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bool) {
 	nk, clock := 0, true
 	for _, call := range live {
@@ -921,8 +926,7 @@ func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bo
 	if len(m.starts)-1 > maxCombinations {
 		return nil, nil, false // a decision's number holds 16 bits of combination
 	}
-	keys = make([]string, 0, nk)
-	args = make([]any, 0, 3+6*len(m.shapes)+len(m.combos)+len(m.starts)+2*len(live))
+	keys, args = m.keys[:0], m.argv[:0]
 	args = append(args, len(live), len(m.shapes), len(m.starts)-1)
 	for _, sh := range m.shapes {
 		args = append(args, sh[:]...)
@@ -947,8 +951,10 @@ func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bo
 				}
 			}
 		}
-		args = append(args, x)
+		// a batch's decisions share a few numbers: boxed once each
+		args = append(args, boxInt(x))
 	}
+	m.keys, m.argv = keys, args
 	return keys, args, true
 }
 

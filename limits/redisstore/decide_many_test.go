@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/rategate/rategate/internal/race"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
 )
@@ -422,6 +423,28 @@ func TestShadowedSpellings(t *testing.T) {
 		if err != nil || (got == "1") != c.want {
 			t.Errorf("shadow argument %#v reaches Redis as %q (%v)", c.v, got, err)
 		}
+	}
+}
+
+// TestManyArgsAllocs: a runner's scratch builds a batch's DecideMany
+// arguments without allocating once warm: keys and arguments reuse its
+// slices, and a decision's number, with its held checks' bits, is boxed
+// once (go-redis copies both into its command).
+func TestManyArgsAllocs(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	ctx := context.Background()
+	var live []*scriptCall
+	for i := range 16 {
+		live = append(live, fwCall(t, ctx, fmt.Sprintf("u%d", i), 5, fmt.Sprintf("r%d", i%3), 50, "g", 500))
+	}
+	var m manyScratch
+	if _, args, ok := m.args(live); !ok || len(args) == 0 {
+		t.Fatal("not taken as decide calls")
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _, _ = m.args(live) }); n != 0 {
+		t.Fatalf("building a warm batch's arguments allocates %v times, want 0", n)
 	}
 }
 

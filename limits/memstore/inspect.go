@@ -3,7 +3,6 @@ package memstore
 import (
 	"context"
 	"strconv"
-	"strings"
 
 	"github.com/rategate/rategate/limits"
 )
@@ -21,16 +20,20 @@ func (s *Store) Raw(_ context.Context, key string) (limits.RawValue, error) {
 	}
 	v := limits.RawValue{Type: "hash", TTLMS: (st.expireUS - now + 999) / 1000}
 	i := func(n int64) string { return strconv.FormatInt(n, 10) }
+	info, _ := limits.AlgorithmOfKey(key)
 	switch {
-	case strings.HasSuffix(key, ":"+limits.FixedWindow.Suffix()):
-		v.Type, v.Record = "string", map[string]string{"e": i(st.a), "n": i(st.b)}
-	case strings.HasSuffix(key, ":"+limits.SlidingWindow.Suffix()):
-		v.Type, v.Record = "string", map[string]string{"e": i(st.a), "c": i(st.b), "p": i(st.c), "d": i(st.d)}
-	case strings.HasSuffix(key, ":"+limits.GCRA.Suffix()):
-		v.Type, v.Record = "string", map[string]string{"t": i(st.a), "f": i(st.b), "l": i(st.c), "p": i(st.d)}
-	case strings.HasSuffix(key, ":"+limits.TokenBucket.Suffix()):
-		v.Type, v.Record = "string", map[string]string{"tokens": i(st.b), "ts": i(st.a), "l": i(st.c), "p": i(st.d), "b": i(st.e)}
-	case strings.HasSuffix(key, ":"+limits.SlidingLog.Suffix()):
+	case info.Record != nil:
+		// the state's numbers in the order of the record's names
+		// (AlgorithmInfo.Record); token_bucket keeps its tokens in b, ts in a
+		n := [...]int64{st.a, st.b, st.c, st.d, st.e}
+		if info.Name == limits.TokenBucket {
+			n[0], n[1] = st.b, st.a
+		}
+		v.Type, v.Record = "string", make(map[string]string, len(info.Record))
+		for j, name := range info.Record {
+			v.Record[name] = i(n[j])
+		}
+	case info.Name == limits.SlidingLog:
 		// The log is in member order already (time, then running total).
 		v.Type = "zset"
 		for _, e := range st.log[:min(len(st.log), limits.MaxRawMembers)] {

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"maps"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,5 +160,37 @@ func concurrentAdmitsExactlyLimit(t *testing.T, s Store) {
 				t.Fatalf("admitted %d of 200 concurrent requests, want exactly 50", got)
 			}
 		})
+	}
+}
+
+// recordRaw: a store shows an algorithm's string record as its numbers by
+// name, as the Redis scripts store them (the admin API's raw value): for
+// each algorithm with a record, after one admission of cost 2 into an empty
+// key of limit and burst 5 per hour, at the wall clock's instant (the
+// memory store shows a record as it stands on that clock).
+func recordRaw(t *testing.T, s Store) {
+	p := limits.PeriodUS(time.Hour)
+	at := time.Now().UnixMicro()
+	start := at - at%p
+	i := func(n int64) string { return strconv.FormatInt(n, 10) }
+	for _, tc := range []struct {
+		algo limits.Algorithm
+		want map[string]string
+	}{
+		{limits.FixedWindow, map[string]string{"e": i(start + p), "n": "2"}},
+		{limits.SlidingWindow, map[string]string{"e": i(start + p), "c": "2", "p": "0", "d": i(p)}},
+		// the TAT: two intervals of 12 minutes after now
+		{limits.GCRA, map[string]string{"t": i(at + 2*p/5), "f": "0", "l": "5", "p": i(p)}},
+		{limits.TokenBucket, map[string]string{"tokens": "3", "ts": i(at), "l": "5", "p": i(p), "b": "5"}},
+	} {
+		c := limits.Check{Key: "rg:{t:raw}:" + tc.algo.Suffix(), Algorithm: tc.algo, Limit: 5, PeriodUS: p, Burst: 5, Cost: 2}
+		DecideOne(t, s.Store, c, at)
+		raw, err := s.Raw(context.Background(), c.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw.Type != "string" || !maps.Equal(raw.Record, tc.want) || raw.String != "" || raw.TTLMS <= 0 {
+			t.Errorf("%s: raw %+v, want a string record %v with a TTL", tc.algo, raw, tc.want)
+		}
 	}
 }

@@ -1,9 +1,6 @@
 package storetest
 
 import (
-	"context"
-	"maps"
-	"strconv"
 	"testing"
 	"time"
 
@@ -118,35 +115,4 @@ func slidingWindowFloatConvention(t *testing.T, s Store) {
 		{0, 1, false, 0, us, 100 * time.Second},   // 14.000000000000002 + 1 > 15
 		{us, 1, true, 0, 0, 100*time.Second - us}, // 9.99999975 + 4 + 1
 	})
-}
-
-// recordRaw: a store shows an algorithm's string record as its numbers by
-// name, as the Redis scripts store them (the admin API's raw value): for
-// each algorithm with a record, after one admission of cost 2 into an empty
-// key of limit and burst 5.
-func recordRaw(t *testing.T, s Store) {
-	start := WindowStart(time.Minute)
-	at := start + limits.PeriodUS(time.Second)
-	p := limits.PeriodUS(time.Minute)
-	i := func(n int64) string { return strconv.FormatInt(n, 10) }
-	for _, tc := range []struct {
-		algo limits.Algorithm
-		want map[string]string
-	}{
-		{limits.FixedWindow, map[string]string{"e": i(start + p), "n": "2"}},
-		{limits.SlidingWindow, map[string]string{"e": i(start + p), "c": "2", "p": "0", "d": i(p)}},
-		// the TAT: two intervals of 12 s after now
-		{limits.GCRA, map[string]string{"t": i(at + 2*p/5), "f": "0", "l": "5", "p": i(p)}},
-		{limits.TokenBucket, map[string]string{"tokens": "3", "ts": i(at), "l": "5", "p": i(p), "b": "5"}},
-	} {
-		c := limits.Check{Key: "rg:{t:raw}:" + tc.algo.Suffix(), Algorithm: tc.algo, Limit: 5, PeriodUS: p, Burst: 5, Cost: 2}
-		DecideOne(t, s.Store, c, at)
-		raw, err := s.Raw(context.Background(), c.Key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if raw.Type != "string" || !maps.Equal(raw.Record, tc.want) || raw.String != "" || raw.TTLMS <= 0 {
-			t.Errorf("%s: raw %+v, want a string record %v with a TTL", tc.algo, raw, tc.want)
-		}
-	}
 }

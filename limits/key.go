@@ -118,5 +118,5 @@ func SiblingKey(key, suffix string) string {
 
 // LeaseKey returns the key of the lease record of a rule's key: the same
 // hash tag (the same slot), suffix "lease":
-// "rg:{login:203.0.113.7}:gc" → "rg:{login:203.0.113.7}:lease".
+// "rg:{login:203.0.113.7}:gc2" → "rg:{login:203.0.113.7}:lease".
 func LeaseKey(key string) string { return SiblingKey(key, "lease") }

@@ -12,7 +12,7 @@ import (
 type Verdict struct {
 	Rule *Rule
 	// Key is the store key this rule used for the request, e.g.
-	// "rg:{login-per-ip:203.0.113.7}:gc". The string is not reused, so an
+	// "rg:{login-per-ip:203.0.113.7}:gc2". The string is not reused, so an
 	// observer may keep it (the admin API's top-denied sketch does).
 	Key    string
 	Cost   int64

@@ -39,7 +39,7 @@ func crc16(s string) uint16 {
 
 // KeySlot returns the Redis Cluster hash slot of key.
 //
-// Example: KeySlot("rg:{login-per-ip:203.0.113.7}:gc") hashes only
+// Example: KeySlot("rg:{login-per-ip:203.0.113.7}:gc2") hashes only
 // "login-per-ip:203.0.113.7".
 func KeySlot(key string) int {
 	for i := 0; i < len(key); i++ {

@@ -2,7 +2,7 @@
 // standard output, so that it can be run by hand:
 //
 //	go run ./lua/print lease > /tmp/lease.lua
-//	redis-cli --eval /tmp/lease.lua rg:{demo:}:fw rg:{demo:}:lease , 0 take 1 100 60000000 100 1 10 a-1 0
+//	redis-cli --eval /tmp/lease.lua rg:{demo:}:fw2 rg:{demo:}:lease , 0 take 1 100 60000000 100 1 10 a-1 0
 //
 // The argument names the script: decide, decide_many, refund or lease.
 package main

@@ -132,7 +132,9 @@ local function dm_flush(io)
     elseif ms == false then
       redis.call('SET', key, v)
     else
-      redis.call('SET', key, v, 'KEEPTTL')
+      -- a record there is, of its algorithm's length (every write of
+      -- this call kept its expiry): rewritten in place
+      redis.call('SETRANGE', key, '0', v)
     end
   end
 end

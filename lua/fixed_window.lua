@@ -31,16 +31,20 @@
 
 -- fixed_window_put writes count, counted in the window that ends at e: a
 -- new record with its expiry, or the count of the record there is; to io
--- when given (records.lua).
+-- when given (records.lua). The record there is (e as stored, the expiry
+-- kept) gets only its count's eight bytes, by SETRANGE: Redis changes the
+-- string in place and answers a number, where SET … KEEPTTL builds a new
+-- value and answers a status Lua turns into a table (see
+-- docs/algorithms.md, "Record layouts").
 local function fixed_window_put(key, now, limit, period, burst, count, e, new, _, io)
-  local v, ms = struct.pack('<dd', e, count), nil
-  if new then ms = math.max(math.ceil((e - now) / 1000), 2) end
   if io then
-    rg_hold(io, key, v, ms)
-  elseif ms then
-    redis.call('SET', key, v, 'PX', ms)
+    local ms = nil
+    if new then ms = math.max(math.ceil((e - now) / 1000), 2) end
+    rg_hold(io, key, struct.pack('<dd', e, count), ms)
+  elseif new then
+    redis.call('SET', key, struct.pack('<dd', e, count), 'PX', math.max(math.ceil((e - now) / 1000), 2))
   else
-    redis.call('SET', key, v, 'KEEPTTL')
+    redis.call('SETRANGE', key, '8', struct.pack('<d', count))
   end
 end
 
@@ -112,7 +116,7 @@ local function fixed_window_refund(key, now, limit, period, burst, cost, at, rem
   if count <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, struct.pack('<dd', e, count), 'KEEPTTL')
+    redis.call('SETRANGE', key, '8', struct.pack('<d', count))
   end
 end
 

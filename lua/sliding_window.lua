@@ -117,16 +117,17 @@ end
 -- sliding_window_put writes the record (e, curr, prev) under this period,
 -- expiring at gone (µs: when its counts no longer count), or, gone false,
 -- keeping the expiry it has (the record is this window's, as stored, and
--- only c changed); to io when given (records.lua).
+-- only c changed: only c's eight bytes are written, by SETRANGE, as in
+-- fixed_window.lua); to io when given (records.lua).
 local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, gone, io)
-  local v, ms = struct.pack('<dddd', e, curr, prev, period), nil
-  if gone then ms = math.max(math.ceil((gone - now) / 1000), 2) end
   if io then
-    rg_hold(io, key, v, ms)
-  elseif ms then
-    redis.call('SET', key, v, 'PX', ms)
+    local ms = nil
+    if gone then ms = math.max(math.ceil((gone - now) / 1000), 2) end
+    rg_hold(io, key, struct.pack('<dddd', e, curr, prev, period), ms)
+  elseif gone then
+    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, period), 'PX', math.max(math.ceil((gone - now) / 1000), 2))
   else
-    redis.call('SET', key, v, 'KEEPTTL')
+    redis.call('SETRANGE', key, '8', struct.pack('<d', curr))
   end
 end
 
@@ -181,11 +182,10 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
     if solo then
       -- sliding_window_put(..., we, sc + cost, sp, false, io), written out:
       -- the call costs this path about 2% of a decision inside Redis
-      local w = struct.pack('<dddd', we, sc + cost, sp, period)
       if io then
-        rg_hold(io, key, w)
+        rg_hold(io, key, struct.pack('<dddd', we, sc + cost, sp, period))
       else
-        redis.call('SET', key, w, 'KEEPTTL')
+        redis.call('SETRANGE', key, '8', struct.pack('<d', sc + cost))
       end
       return 1, remaining, reset, 0
     end
@@ -286,7 +286,8 @@ local function sliding_window_refund(key, now, limit, period, burst, cost, at, r
   if curr == 0 and prev == 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, struct.pack('<dddd', e, curr, prev, d), 'KEEPTTL')
+    -- c and p, side by side from byte 8 (the record keeps its expiry)
+    redis.call('SETRANGE', key, '8', struct.pack('<dd', curr, prev))
   end
 end
 

@@ -14,10 +14,11 @@
 -- Reply    {admitted 0|1, now_us, then per check: allowed, remaining, reset_us, retry_us}
 --
 -- A request of one check: the algorithm writes its admission itself (its
--- solo argument). Several: each algorithm decides without writing what an
--- admission writes and hands that back as plain values, and its put writes
--- them once every check is decided, only when no non-shadow check denied:
--- a denied request consumes nothing. (An algorithm may rewrite a record
+-- solo argument). Several: each algorithm but the last decides without
+-- writing what an admission writes and hands that back as plain values, and
+-- its put writes them once every check is decided, only when no non-shadow
+-- check denied: a denied request consumes nothing. The last check is decided
+-- when the others' verdicts are known: it writes itself when they allowed. (An algorithm may rewrite a record
 -- written under another limit or period while it decides; that changes no
 -- count. See each lua/<algo>.lua.)
 
@@ -80,7 +81,10 @@ local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held
     hio = io
     if io[key] == nil then io[key] = redis.call('GET', key) end
   end
-  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, limit, period, burst, cost, false, hio)
+  -- The last check, every non-shadow check before it allowed: its verdict
+  -- is the request's (or, a shadow, changes nothing), so it writes its
+  -- admission at once, as a request of one check does, and hands nothing back.
+  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, limit, period, burst, cost, before and i == n, hio)
   local ok = before and (a == 1 or shadow)
   local w = 4
   if compact then

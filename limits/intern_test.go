@@ -3,6 +3,8 @@ package limits
 import (
 	"context"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +32,7 @@ func TestKeyIntern(t *testing.T) {
 		_ = k.get([]byte("rg:{u:" + strconv.Itoa(i) + "}:fw"))
 	}
 	for i := range k.shards {
-		if n := len(k.shards[i].m); n > keyInternShardMax {
+		if n := k.shards[i].n; n > keyInternShardMax {
 			t.Fatalf("shard %d holds %d keys, bound %d", i, n, keyInternShardMax)
 		}
 	}
@@ -74,4 +76,30 @@ func TestLimiterAllocs(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%v allocations per decision of 3 rules, want 0", n)
 	}
+}
+
+// TestKeyInternConcurrent: look-ups racing with the inserts, growth and
+// restarts of their shard always return the bytes asked for, short keys
+// (held in their entry) and long ones alike.
+func TestKeyInternConcurrent(t *testing.T) {
+	k := newKeyIntern()
+	long := strings.Repeat("x", internInline)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range keyInternShards * keyInternShardMax / 2 {
+				key := "rg:{u:" + strconv.Itoa((i*7+g)%(keyInternShards*keyInternShardMax)) + "}:fw"
+				if i%5 == 0 {
+					key += long
+				}
+				if s := k.get([]byte(key)); s != key {
+					t.Errorf("get(%q) = %q", key, s)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -745,16 +745,20 @@ func (c *coalescer) sendMany(ctx context.Context, pipe redis.Pipeliner, live []*
 // its error in err. A reply that does not fit the calls, to the last value
 // (or says a reset below 0, a retry below -1), is an error for all of them.
 func readMany(flat []any, live []*scriptCall) error {
-	short := fmt.Errorf("redis store: DecideMany answered %d values, not an instant and the decisions of %d calls", len(flat), len(live))
+	// The error is only formatted when the reply is short: every batch
+	// comes through here.
+	short := func() error {
+		return fmt.Errorf("redis store: DecideMany answered %d values, not an instant and the decisions of %d calls", len(flat), len(live))
+	}
 	clock, ok := at(flat, 0)
 	if !ok {
-		return short
+		return short()
 	}
 	p := 1
 	for _, call := range live {
 		call.vals, call.err = call.vals[:0], nil
 		if p >= len(flat) {
-			return short
+			return short()
 		}
 		if e, isErr := flat[p].(error); isErr {
 			call.err = e
@@ -769,11 +773,11 @@ func readMany(flat []any, live []*scriptCall) error {
 		for i := range call.keys {
 			v, ok := at(flat, p)
 			if !ok {
-				return short
+				return short()
 			}
 			reset, ok := at(flat, p+1)
 			if !ok || reset < 0 {
-				return short
+				return short()
 			}
 			if v >= 0 {
 				call.vals = append(call.vals, 1, v, reset, 0)
@@ -782,7 +786,7 @@ func readMany(flat []any, live []*scriptCall) error {
 			}
 			retry, ok := at(flat, p+2)
 			if !ok || retry < -1 {
-				return short
+				return short()
 			}
 			call.vals = append(call.vals, 0, -v-1, reset, retry)
 			p += 3
@@ -792,7 +796,7 @@ func readMany(flat []any, live []*scriptCall) error {
 		}
 	}
 	if p != len(flat) {
-		return short
+		return short()
 	}
 	return nil
 }

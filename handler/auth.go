@@ -248,12 +248,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 		if best >= 0 {
 			buf = append(buf, ", "...)
 		}
-		q, w, _ := limits.PolicyWindow(v.Rule.Limit, v.Rule.Period)
-		buf = appendSFString(buf, v.Rule.Name)
-		buf = append(buf, ";q="...)
-		buf = strconv.AppendInt(buf, q, 10)
-		buf = append(buf, ";w="...)
-		buf = strconv.AppendInt(buf, w, 10)
+		buf = append(buf, s.ruleText(i, v.Rule).policy...)
 		if best < 0 || v.Result.Remaining < d.Verdicts[best].Result.Remaining {
 			best = i
 		}
@@ -272,7 +267,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 				buf = append(buf, ", "...)
 			}
 			first = false
-			buf = appendSFString(buf, v.Rule.Name)
+			buf = append(buf, s.ruleText(i, v.Rule).name()...)
 			buf = append(buf, ";r="...)
 			buf = strconv.AppendInt(buf, max(v.Result.Remaining, 0), 10)
 			buf = append(buf, ";t="...)
@@ -281,8 +276,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 		resp.SetCanonical(hdrRateLimit, buf)
 
 		b := &d.Verdicts[best]
-		buf = strconv.AppendInt(buf[:0], b.Rule.Limit, 10)
-		resp.SetCanonical(hdrLimit, buf)
+		resp.SetCanonical(hdrLimit, s.ruleText(best, b.Rule).limit)
 		buf = strconv.AppendInt(buf[:0], max(b.Result.Remaining, 0), 10)
 		resp.SetCanonical(hdrRemaining, buf)
 		buf = strconv.AppendInt(buf[:0], usToSeconds(b.Result.ResetUS), 10)
@@ -463,4 +457,63 @@ func appendLower(dst, b []byte) []byte {
 		dst = append(dst, c)
 	}
 	return dst
+}
+
+// ruleText is what the rate-limit headers say of one rule, formatted once:
+// its RateLimit-Policy item (the name as a structured-field string, then
+// ";q=" and ";w=") and its limit in decimal.
+type ruleText struct {
+	rule    *limits.Rule
+	policy  []byte
+	nameLen int // policy[:nameLen] is the quoted name
+	limit   []byte
+}
+
+// name is the rule's name as a structured-field string.
+func (t *ruleText) name() []byte { return t.policy[:t.nameLen] }
+
+// maxRuleTexts bounds the rules a scratch keeps formatted: the verdicts
+// past it are formatted for each answer.
+const maxRuleTexts = 8
+
+// ruleText returns the header text of rule r, the i-th verdict of the
+// answer. A scratch keeps the text of the rules of its last answers by
+// verdict position, so a rule that comes back in the same place is not
+// formatted again. Rules are immutable once built, and the kept pointer
+// keeps r alive, so the same pointer with the same numbers is the same
+// text; anything else is formatted afresh.
+func (s *scratch) ruleText(i int, r *limits.Rule) *ruleText {
+	if i < len(s.rules) {
+		if t := &s.rules[i]; t.rule == r && t.limitOf == r.Limit && t.periodOf == r.Period && t.nameOf == r.Name {
+			return &t.ruleText
+		}
+	}
+	var t *keptText
+	if i < maxRuleTexts {
+		for len(s.rules) <= i {
+			s.rules = append(s.rules, keptText{})
+		}
+		t = &s.rules[i]
+	} else {
+		s.spare = keptText{ruleText: ruleText{policy: s.spare.policy[:0], limit: s.spare.limit[:0]}}
+		t = &s.spare
+	}
+	t.rule, t.limitOf, t.periodOf, t.nameOf = r, r.Limit, r.Period, r.Name
+	q, w, _ := limits.PolicyWindow(r.Limit, r.Period)
+	t.policy = appendSFString(t.policy[:0], r.Name)
+	t.nameLen = len(t.policy)
+	t.policy = append(t.policy, ";q="...)
+	t.policy = strconv.AppendInt(t.policy, q, 10)
+	t.policy = append(t.policy, ";w="...)
+	t.policy = strconv.AppendInt(t.policy, w, 10)
+	t.limit = strconv.AppendInt(t.limit[:0], r.Limit, 10)
+	return &t.ruleText
+}
+
+// keptText is a ruleText with the numbers it was made from.
+type keptText struct {
+	ruleText
+	limitOf  int64
+	periodOf time.Duration
+	nameOf   string
 }

@@ -166,6 +166,10 @@ type scratch struct {
 	host  []byte
 	buf   []byte
 	ctx   *deadlineCtx
+	// rules holds the header text of the rules of recent answers, by
+	// verdict position (ruleText); spare is for the positions past it.
+	rules []keptText
+	spare keptText
 }
 
 // New returns a Handler deciding with d and reporting readiness of store

@@ -248,6 +248,14 @@ func (c *DenyCache) clock(nowUS int64) int64 {
 	return int64(time.Since(c.start) / time.Microsecond)
 }
 
+// clockAt is clock with the process's clock read at now (time.Now).
+func (c *DenyCache) clockAt(nowUS int64, now time.Time) int64 {
+	if nowUS != 0 {
+		return nowUS
+	}
+	return int64(now.Sub(c.start) / time.Microsecond)
+}
+
 // lookup returns the entry that denies a request of rule r with the given
 // cost on key at now. It does not allocate.
 func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, bool) {

@@ -998,7 +998,7 @@ func (l *Limiter) decideLeased(ctx context.Context, d *Decision, nowUS int64) (a
 		s.sharedRes = make([]Result, len(s.shared.Checks))
 	}
 	s.sharedRes = s.sharedRes[:len(s.shared.Checks)]
-	admitted, err = l.decideShared(ctx, &s.shared, s.sharedRes)
+	admitted, err = l.decideShared(ctx, &s.shared, s.sharedRes, time.Time{})
 	if err != nil {
 		// The leased rules stay as their slices decided them (exact); the
 		// others are decided as any failed decision is.

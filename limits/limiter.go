@@ -345,12 +345,17 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	d.batch.NowUS = nowUS
 	d.lease.idx = d.lease.idx[:0]
 	var clock int64
-	probe := false
+	probe, clocked := false, false
 	if dc != nil {
-		// Read before the store call: the store decides after this, so
-		// clock + RetryUS is never later than the store's retry time.
-		clock = dc.clock(nowUS)
+		// The clock is read before the store call: the store decides
+		// after it, so clock + RetryUS is never later than the store's
+		// retry time. With entries to look up it is read now; otherwise
+		// only a denial to cache needs it, and it is read just before the
+		// store call, with the clock read that times the call.
 		probe = dc.entries.Load() > 0
+		if probe {
+			clock, clocked = dc.clock(nowUS), true
+		}
 	}
 	cached, blocked := -1, -1
 	var hit denyEntry
@@ -423,12 +428,19 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 
 	var admitted bool
 	var err error
+	var start time.Time // the store call's start, when something needs it
+	if dc != nil && !clocked {
+		start = time.Now()
+		clock = dc.clockAt(nowUS, start)
+	} else if l.obs != nil {
+		start = time.Now()
+	}
 	if len(d.lease.idx) > 0 {
 		var decided bool
 		if admitted, decided, err = l.decideLeased(ctx, d, nowUS); !decided {
 			return err
 		}
-	} else if admitted, err = l.decideShared(ctx, &d.batch, d.res); err != nil {
+	} else if admitted, err = l.decideShared(ctx, &d.batch, d.res, start); err != nil {
 		var decided bool
 		if admitted, decided, err = l.decideLocal(ctx, d, &d.batch, d.res, err); !decided {
 			return err
@@ -490,8 +502,9 @@ func (l *Limiter) decideLocal(ctx context.Context, d *Decision, b *Batch, res []
 }
 
 // decideShared asks the shared store to decide b, through the breaker, and
-// tells the observer.
-func (l *Limiter) decideShared(ctx context.Context, b *Batch, res []Result) (bool, error) {
+// tells the observer how long the call took from start (the zero Time:
+// from now).
+func (l *Limiter) decideShared(ctx context.Context, b *Batch, res []Result, start time.Time) (bool, error) {
 	var t Ticket
 	if l.breaker != nil {
 		var err error
@@ -499,8 +512,7 @@ func (l *Limiter) decideShared(ctx context.Context, b *Batch, res []Result) (boo
 			return false, err
 		}
 	}
-	var start time.Time
-	if l.obs != nil {
+	if l.obs != nil && start.IsZero() {
 		start = time.Now()
 	}
 	admitted, err := l.store.Decide(ctx, b, res)

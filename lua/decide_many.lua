@@ -125,6 +125,7 @@ end
 local function dm_flush(io)
   for key in pairs(rg_written) do
     local v, ms = io[key], rg_expiry[key]
+    if type(v) == 'table' then v = struct.pack(rg_formats[#v], unpack(v)) end
     if not v then
       redis.call('DEL', key)
     elseif ms then

@@ -38,6 +38,12 @@
 -- docs/algorithms.md, "Record layouts").
 local function fixed_window_put(key, now, limit, period, burst, count, e, new, _, io)
   if io then
+    local r = io[key]
+    if not new and type(r) == 'table' then
+      -- the held record, decoded (records.lua): its count only
+      r[2], rg_written[key] = count, true
+      return
+    end
     local ms = nil
     if new then ms = math.max(math.ceil((e - now) / 1000), 2) end
     rg_hold(io, key, struct.pack('<dd', e, count), ms)
@@ -60,16 +66,24 @@ local function fixed_window(key, now, limit, period, burst, cost, solo, io)
   -- now % period is now - floor(now / period) * period in Lua 5.1, exact
   -- for integers below 2^53
   local we = now - now % period + period
-  local v
+  -- v the record as stored; r the held one, decoded (records.lua)
+  local v, r
   if io then
     v = io[key]
+    if type(v) == 'table' then r = v end
   else
     v = redis.call('GET', key)
   end
   local e, count = nil, 0
   if v then
-    if #v ~= 16 then error('rategate: ' .. key .. ' does not hold a fixed_window record') end
-    e, count = struct.unpack('<dd', v)
+    if r then
+      e, count = r[1], r[2]
+    else
+      if #v ~= 16 then error('rategate: ' .. key .. ' does not hold a fixed_window record') end
+      e, count = struct.unpack('<dd', v)
+      -- held: kept decoded for the call's other decisions
+      if io then io[key] = {e, count} end
+    end
     if e <= now then
       e, count = nil, 0
     elseif e < we then

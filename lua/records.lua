@@ -7,7 +7,13 @@
 --
 -- decide_many.lua holds the records of the keys a call names more than once
 -- (a route's or the whole API's rule: one key for many requests) in a table
--- io: io[key] is the record (a string, or false: none). rg_written[key] is
+-- io: io[key] is the record (a string, or false: none), or, once an
+-- algorithm that keeps it so has read it (fixed_window, sliding_window),
+-- the record decoded: a list of its numbers, which that algorithm reads
+-- and changes in place for the call's other decisions (no unpack and pack
+-- per decision; a write of a whole record puts a string back). A count
+-- changed in place marks the key written, keeping its expiry; the call
+-- packs the list when it writes the key. rg_written[key] is
 -- true once a decision of the call wrote it, rg_expiry[key] how long after
 -- the call's instant it expires when a write of this call said so (nil:
 -- the expiry it has in Redis; false: none); decide_many.lua sets both anew
@@ -18,11 +24,14 @@
 -- record and expiry as writing at once would leave (a call runs at one
 -- instant, and nothing else runs during it).
 
+local rg_written, rg_expiry
+
+-- rg_formats packs a decoded record of n numbers back into its string.
+local rg_formats = {[2] = '<dd', [4] = '<dddd', [5] = '<ddddd'}
+
 -- rg_hold is an algorithm's write of key: the record v (false: the key is
 -- deleted), expiring ms after the call's instant, or keeping the expiry it
 -- has (ms nil).
-local rg_written, rg_expiry
-
 local function rg_hold(io, key, v, ms)
   io[key], rg_written[key] = v, true
   if not v then

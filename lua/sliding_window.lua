@@ -121,6 +121,12 @@ end
 -- fixed_window.lua); to io when given (records.lua).
 local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, gone, io)
   if io then
+    local r = io[key]
+    if not gone and type(r) == 'table' then
+      -- the held record, decoded (records.lua): its c only
+      r[2], rg_written[key] = curr, true
+      return
+    end
     local ms = nil
     if gone then ms = math.max(math.ceil((gone - now) / 1000), 2) end
     rg_hold(io, key, struct.pack('<dddd', e, curr, prev, period), ms)
@@ -146,16 +152,22 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
   local elapsed = now % period
   local ws = now - elapsed
   local we = ws + period
-  local v
+  -- v the record as stored; r the held one, decoded (records.lua)
+  local v, r
   if io then
     v = io[key]
+    if type(v) == 'table' then r = v end
   else
     v = redis.call('GET', key)
   end
   local e, sc, sp, d
-  if v then
+  if r then
+    e, sc, sp, d = r[1], r[2], r[3], r[4]
+  elseif v then
     if #v ~= 32 then error('rategate: ' .. key .. ' does not hold a sliding_window record') end
     e, sc, sp, d = struct.unpack('<dddd', v)
+    -- held: kept decoded for the call's other decisions
+    if io then r = {e, sc, sp, d}; io[key] = r end
   end
   if e == we and d == period and sc > 0 then
     -- The record is this window's, under this period: c is curr, p is prev,
@@ -183,7 +195,8 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
       -- sliding_window_put(..., we, sc + cost, sp, false, io), written out:
       -- the call costs this path about 2% of a decision inside Redis
       if io then
-        rg_hold(io, key, struct.pack('<dddd', we, sc + cost, sp, period))
+        -- the held record's c only
+        r[2], rg_written[key] = sc + cost, true
       else
         redis.call('SETRANGE', key, '8', struct.pack('<d', sc + cost))
       end

@@ -38,12 +38,7 @@
 -- docs/algorithms.md, "Record layouts").
 local function fixed_window_put(key, now, limit, period, burst, count, e, new, _, io)
   if io then
-    local r = io[key]
-    if not new and type(r) == 'table' then
-      -- the held record, decoded (records.lua): its count only
-      r[2], rg_written[key] = count, true
-      return
-    end
+    if not new and rg_set(io, key, 2, count) then return end
     local ms = nil
     if new then ms = math.max(math.ceil((e - now) / 1000), 2) end
     rg_hold(io, key, struct.pack('<dd', e, count), ms)

@@ -29,6 +29,16 @@ local rg_written, rg_expiry
 -- rg_formats packs a decoded record of n numbers back into its string.
 local rg_formats = {[2] = '<dd', [4] = '<dddd', [5] = '<ddddd'}
 
+-- rg_set changes number i of key's record to x where the call holds it
+-- decoded (a count-only write: the expiry stays), and reports whether it
+-- did; false: the caller writes the whole record.
+local function rg_set(io, key, i, x)
+  local r = io[key]
+  if type(r) ~= 'table' then return false end
+  r[i], rg_written[key] = x, true
+  return true
+end
+
 -- rg_hold is an algorithm's write of key: the record v (false: the key is
 -- deleted), expiring ms after the call's instant, or keeping the expiry it
 -- has (ms nil).

@@ -121,12 +121,7 @@ end
 -- fixed_window.lua); to io when given (records.lua).
 local function sliding_window_put(key, now, limit, period, burst, e, curr, prev, gone, io)
   if io then
-    local r = io[key]
-    if not gone and type(r) == 'table' then
-      -- the held record, decoded (records.lua): its c only
-      r[2], rg_written[key] = curr, true
-      return
-    end
+    if not gone and rg_set(io, key, 2, curr) then return end
     local ms = nil
     if gone then ms = math.max(math.ceil((gone - now) / 1000), 2) end
     rg_hold(io, key, struct.pack('<dddd', e, curr, prev, period), ms)

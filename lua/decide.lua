@@ -18,9 +18,9 @@
 -- writing what an admission writes and hands that back as plain values, and
 -- its put writes them once every check is decided, only when no non-shadow
 -- check denied: a denied request consumes nothing. The last check is decided
--- when the others' verdicts are known: it writes itself when they allowed. (An algorithm may rewrite a record
--- written under another limit or period while it decides; that changes no
--- count. See each lua/<algo>.lua.)
+-- when the others' verdicts are known: it writes itself when they allowed.
+-- (An algorithm may rewrite a record written under another limit or period
+-- while it decides; that changes no count. See each lua/<algo>.lua.)
 
 -- rg_one decides a request of one check (shadow: the check only reports)
 -- and returns decide.lua's reply for it, or an error reply.

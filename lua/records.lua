@@ -12,15 +12,15 @@
 -- the record decoded: a list of its numbers, which that algorithm reads
 -- and changes in place for the call's other decisions (no unpack and pack
 -- per decision; a write of a whole record puts a string back). A count
--- changed in place marks the key written, keeping its expiry; the call
--- packs the list when it writes the key. rg_written[key] is
--- true once a decision of the call wrote it, rg_expiry[key] how long after
--- the call's instant it expires when a write of this call said so (nil:
--- the expiry it has in Redis; false: none); decide_many.lua sets both anew
+-- changed in place (rg_set) marks the key written, keeping its expiry; the
+-- call packs the list when it writes the key. rg_written[key] is true once
+-- a decision of the call wrote it, rg_expiry[key] how long after the
+-- call's instant it expires when a write of this call said so (nil: the
+-- expiry it has in Redis; false: none); decide_many.lua sets both anew
 -- for each call that holds keys. An algorithm given io reads the key from
--- io and writes it with rg_hold; the call writes each written key to
--- Redis once, when it ends (dm_flush in decide_many.lua): one GET and one
--- SET per key and call instead of one each per decision, and the same
+-- io and writes it with rg_hold or rg_set; the call writes each written
+-- key to Redis once, when it ends (dm_flush in decide_many.lua): one GET
+-- and one write per key and call instead of one each per decision, the same
 -- record and expiry as writing at once would leave (a call runs at one
 -- instant, and nothing else runs during it).
 

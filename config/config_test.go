@@ -522,6 +522,26 @@ func TestOverlapDefaultFitsTimeout(t *testing.T) {
 			t.Errorf("%s: overlap_after %s, want %s", redis, got, want)
 		}
 	}
+	// and the default wait gives way to an overlap_after set long: a config
+	// that set only overlap_after was valid while wait defaulted to 0
+	for redis, want := range map[string]time.Duration{
+		"timeout: 2ms, coalesce: {overlap_after: 1ms}": 0, "timeout: 50ms, coalesce: {overlap_after: 25ms}": 0,
+		"timeout: 50ms, coalesce: {overlap_after: 24980us}": 20 * time.Microsecond,
+		"timeout: 50ms, coalesce: {overlap_after: 24ms}":    50 * time.Microsecond,
+	} {
+		c, err := Parse("t.yaml", []byte("redis: {"+redis+"}\n"))
+		if err != nil {
+			t.Fatalf("%s: %v", redis, err)
+		}
+		if got := c.Redis.Coalesce.Wait; got != want {
+			t.Errorf("%s: wait %s, want %s", redis, got, want)
+		}
+	}
+	// set both, they must fit together
+	if _, err := Parse("t.yaml", []byte("redis: {timeout: 2ms, coalesce: {wait: 50us, overlap_after: 1ms}}\n")); err == nil ||
+		!strings.Contains(err.Error(), "redis.coalesce.overlap_after") {
+		t.Errorf("wait 50us + overlap_after 1ms over a 2ms timeout: %v, want overlap_after named", err)
+	}
 	c, err := Parse("t.yaml", []byte("redis: {url: \"redis://127.0.0.1:6379\"}\n"))
 	if err != nil {
 		t.Fatal(err)

@@ -239,14 +239,18 @@ func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Du
 	}
 	// Both are spent inside a decision's budget, one after the other (a
 	// call may wait out a stalled pipeline, then the linger): each, and
-	// their sum, at most half of redis.timeout. The default overlap_after
-	// gives way to a long wait.
+	// their sum, at most half of redis.timeout. A default gives way to
+	// the other one set long (a config that set only overlap_after, valid
+	// while wait defaulted to 0, stays valid).
 	half := timeout / 2
 	okWait := inBudget(d, &c.Wait, &out.Wait, "redis.coalesce.wait", timeout)
-	if !c.Overlap.Set {
+	switch {
+	case !c.Overlap.Set:
 		out.OverlapAfter = max(min(defaultOverlapAfter, half-out.Wait), 0)
-	} else if inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout) && okWait &&
-		out.Wait+out.OverlapAfter > half {
+	case !inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout) || !okWait:
+	case !c.Wait.Set:
+		out.Wait = max(min(out.Wait, half-out.OverlapAfter), 0)
+	case out.Wait+out.OverlapAfter > half:
 		d.add(c.Overlap.Line, "redis.coalesce.overlap_after", "plus wait (%s) must be at most half of redis.timeout (%s), got %s",
 			FormatDuration(out.Wait), FormatDuration(timeout), FormatDuration(out.OverlapAfter))
 	}

@@ -28,8 +28,12 @@ import (
 // new table whole; a reader still probing the old one finds what it held,
 // or nothing and then asks under the lock.
 type keyIntern struct {
-	seed   maphash.Seed
+	// shards first: 64 bytes each from the struct's start, so where the
+	// struct starts a cache line (its size class puts it on a multiple of
+	// 4864 bytes) each shard has a line of its own; behind an 8-byte seed
+	// every shard straddled two
 	shards [keyInternShards]internShard
+	seed   maphash.Seed
 }
 
 const (

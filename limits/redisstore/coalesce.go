@@ -853,9 +853,14 @@ type manyScratch struct {
 	byShape map[shape]int
 	// combos holds each combination's shape numbers (1-based) one after
 	// another, starts where each begins (and one past the last).
-	combos  []int
-	starts  []int
-	byCombo map[string]int
+	combos []int
+	starts []int
+	// byCombo finds a combination once there are many: entries of
+	// earlier batches stay (an entry counts for generation gen only), so a
+	// combination that recurs costs no allocation
+	byCombo map[string]*comboAt
+	gen     uint64
+	key     []byte // comboKey's
 	// each call's combination (1-based) and, for each check, its shape
 	// number
 	callCombo []int
@@ -894,7 +899,10 @@ func (m *manyScratch) args(live []*scriptCall) (keys []string, args []any, ok bo
 	m.shapes, m.combos, m.starts = m.shapes[:0], m.combos[:0], m.starts[:0]
 	m.callCombo, m.index = m.callCombo[:0], m.index[:0]
 	clear(m.byShape)
-	clear(m.byCombo)
+	m.gen++
+	if len(m.byCombo) > maxComboKeys {
+		clear(m.byCombo)
+	}
 	m.starts = append(m.starts, 0)
 	for _, call := range live {
 		from := len(m.index)
@@ -999,8 +1007,8 @@ func (m *manyScratch) shapeOf(sh shape) int {
 func (m *manyScratch) comboOf(idx []int) int {
 	n := len(m.starts) - 1
 	if m.byCombo != nil && n > manyScanShapes {
-		if at, ok := m.byCombo[comboKey(idx)]; ok {
-			return at
+		if e := m.byCombo[string(m.comboKey(idx))]; e != nil && e.gen == m.gen {
+			return e.at
 		}
 	} else {
 		for j := range n {
@@ -1014,25 +1022,46 @@ func (m *manyScratch) comboOf(idx []int) int {
 	at := n
 	switch {
 	case n+1 > manyScanShapes+1:
-		m.byCombo[comboKey(idx)] = at
+		m.indexCombo(idx, at)
 	case n+1 == manyScanShapes+1:
 		if m.byCombo == nil {
-			m.byCombo = make(map[string]int)
+			m.byCombo = make(map[string]*comboAt)
 		}
 		for j := 0; j <= n; j++ {
-			m.byCombo[comboKey(m.combos[m.starts[j]:m.starts[j+1]])] = j
+			m.indexCombo(m.combos[m.starts[j]:m.starts[j+1]], j)
 		}
 	}
 	return at
 }
 
-// comboKey is a map key for a combination of shape numbers.
-func comboKey(idx []int) string {
-	b := make([]byte, 0, 4*len(idx))
-	for _, x := range idx {
-		b = binary.AppendUvarint(b, uint64(x))
+// comboAt is where a combination stands in the batch of generation gen.
+type comboAt struct {
+	gen uint64
+	at  int
+}
+
+// maxComboKeys bounds the combinations a manyScratch remembers across
+// batches (their entries are reused, not made anew, while they recur).
+const maxComboKeys = 4096
+
+// indexCombo enters combination idx at position at for this batch.
+func (m *manyScratch) indexCombo(idx []int, at int) {
+	if e := m.byCombo[string(m.comboKey(idx))]; e != nil {
+		e.gen, e.at = m.gen, at
+		return
 	}
-	return string(b)
+	m.byCombo[string(m.key)] = &comboAt{gen: m.gen, at: at}
+}
+
+// comboKey writes the map key of a combination of shape numbers into the
+// scratch's buffer (a look-up by string(key) allocates nothing; only a new
+// entry copies it).
+func (m *manyScratch) comboKey(idx []int) []byte {
+	m.key = m.key[:0]
+	for _, x := range idx {
+		m.key = binary.AppendUvarint(m.key, uint64(x))
+	}
+	return m.key
 }
 
 // isSlidingLog reports a check's algorithm code argument for sliding_log,

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -446,6 +447,15 @@ func TestManyArgsAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _, _, _ = m.args(live) }); n != 0 {
 		t.Fatalf("building a warm batch's arguments allocates %v times, want 0", n)
 	}
+	// A limit per identity: each decision its own combination, more than
+	// a scan takes (the combinations are then found through a map).
+	var own []*scriptCall
+	for i := range 16 {
+		own = append(own, fwCall(t, ctx, fmt.Sprintf("o%d", i), 5+i, fmt.Sprintf("r%d", i%3), 50, "g", 500))
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _, _ = m.args(own) }); n != 0 {
+		t.Fatalf("a warm batch of 16 combinations allocates %v times, want 0", n)
+	}
 }
 
 // TestManyArgsHolds: a batch names each shape and each combination of
@@ -537,6 +547,25 @@ func TestManyArgsHolds(t *testing.T) {
 	}
 	if _, _, ok := m.args(calls[:maxCombinations]); !ok {
 		t.Fatalf("%d combinations refused", maxCombinations)
+	}
+
+	// Past a few combinations they are found through a map that outlives
+	// the batch: a batch laid out after others is laid out as it would be
+	// alone (its own numbers, none left from before).
+	// (b's first decision, of two checks, shifts its combinations by one
+	// against a's)
+	a, b := []*scriptCall{}, []*scriptCall{fwCall(t, ctx, "x", 100, "y", 200)}
+	for i := range 20 {
+		a = append(a, fwCall(t, ctx, fmt.Sprintf("a%d", i), 1+i))
+		b = append(b, fwCall(t, ctx, fmt.Sprintf("b%d", i), 1+i))
+	}
+	b = append(b, a[3], a[17])
+	_, _, _ = m.args(a)
+	bk, bargs, _ := m.args(b)
+	var fresh manyScratch
+	fk, fargs, _ := fresh.args(b)
+	if !slices.Equal(bk, fk) || !reflect.DeepEqual(bargs, fargs) {
+		t.Fatalf("after another batch:\n%v\nalone:\n%v", bargs, fargs)
 	}
 }
 

@@ -480,25 +480,21 @@ const maxRuleTexts = 8
 // answer. A scratch keeps the text of the rules of its last answers by
 // verdict position, so a rule that comes back in the same place is not
 // formatted again. Rules are immutable once built, and the kept pointer
-// keeps r alive, so the same pointer with the same numbers is the same
-// text; anything else is formatted afresh.
+// keeps r alive (no other rule can take its address), so the same pointer
+// is the same text; anything else is formatted afresh. Positions past the
+// kept ones are formatted into the spare for each answer.
 func (s *scratch) ruleText(i int, r *limits.Rule) *ruleText {
-	if i < len(s.rules) {
-		if t := &s.rules[i]; t.rule == r && t.limitOf == r.Limit && t.periodOf == r.Period && t.nameOf == r.Name {
-			return &t.ruleText
-		}
+	if i < len(s.rules) && s.rules[i].rule == r {
+		return &s.rules[i]
 	}
-	var t *keptText
+	t := &s.spare
 	if i < maxRuleTexts {
 		for len(s.rules) <= i {
-			s.rules = append(s.rules, keptText{})
+			s.rules = append(s.rules, ruleText{})
 		}
 		t = &s.rules[i]
-	} else {
-		s.spare = keptText{ruleText: ruleText{policy: s.spare.policy[:0], limit: s.spare.limit[:0]}}
-		t = &s.spare
+		t.rule = r
 	}
-	t.rule, t.limitOf, t.periodOf, t.nameOf = r, r.Limit, r.Period, r.Name
 	q, w, _ := limits.PolicyWindow(r.Limit, r.Period)
 	t.policy = appendSFString(t.policy[:0], r.Name)
 	t.nameLen = len(t.policy)
@@ -507,13 +503,5 @@ func (s *scratch) ruleText(i int, r *limits.Rule) *ruleText {
 	t.policy = append(t.policy, ";w="...)
 	t.policy = strconv.AppendInt(t.policy, w, 10)
 	t.limit = strconv.AppendInt(t.limit[:0], r.Limit, 10)
-	return &t.ruleText
-}
-
-// keptText is a ruleText with the numbers it was made from.
-type keptText struct {
-	ruleText
-	limitOf  int64
-	periodOf time.Duration
-	nameOf   string
+	return t
 }

@@ -168,8 +168,8 @@ type scratch struct {
 	ctx   *deadlineCtx
 	// rules holds the header text of the rules of recent answers, by
 	// verdict position (ruleText); spare is for the positions past it.
-	rules []keptText
-	spare keptText
+	rules []ruleText
+	spare ruleText
 }
 
 // New returns a Handler deciding with d and reporting readiness of store

@@ -58,7 +58,9 @@ end
 -- one request have distinct keys, so the order of the writes does not
 -- matter.)
 local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held, compact)
-  local code, limit, period, burst, cost, shadow, algo, put
+  -- s, a shape: its code, shadow and put are read only when needed (a
+  -- table read costs Redis about as much as ten plain Lua operations)
+  local code, limit, period, burst, cost, shadow, algo, put, s
   if a0 then
     local b = a0 + 6 * (i - 1)
     code, limit, period, burst = tonumber(src[b]), tonumber(src[b + 1]), tonumber(src[b + 2]), tonumber(src[b + 3])
@@ -66,8 +68,9 @@ local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held
     if code then algo, put = rg_algorithms[code], rg_puts[code] end
     if not algo then code = src[b] end
   else
-    local s = src[i]
-    code, limit, period, burst, shadow, cost, algo, put = s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]
+    s = src[i]
+    limit, period, burst, cost, algo = s[2], s[3], s[4], s[6], s[7]
+    if not algo then code = s[1] end
   end
   if not algo then
     return nil, redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
@@ -85,7 +88,11 @@ local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held
   -- is the request's (or, a shadow, changes nothing), so it writes its
   -- admission at once, as a request of one check does, and hands nothing back.
   local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, limit, period, burst, cost, before and i == n, hio)
-  local ok = before and (a == 1 or shadow)
+  local ok = before
+  if a ~= 1 then
+    if s then shadow = s[5] end
+    ok = before and shadow
+  end
   local w = 4
   if compact then
     if a == 1 then w = 2 else w = 3 end
@@ -101,6 +108,7 @@ local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held
     -- taken for two values): in a denied request it reports its quota as
     -- a zero-cost look would
     if ok then
+      if s then put = s[8] end
       put(key, now, limit, period, burst, w1, w2, w3, w4, hio)
     elseif lrem then
       rem, reset = lrem, lreset

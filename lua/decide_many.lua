@@ -82,16 +82,6 @@ local function dm_one(key, now, s, io)
   return f(key, now, s[2], s[3], s[4], s[6], true, io)
 end
 
--- dm_many decides a decision of combination cb (n checks, keys from
--- KEYS[k] on) into out from p on, with rg_chain: it returns the index after
--- its last value, or nil and an error reply. held says which of its keys
--- io holds (rg_chain reads each into io on first use).
-local function dm_many(KEYS, k, n, now, cb, out, p, io, held)
-  local ok, stop = rg_chain(KEYS, k, 1, n, now, cb, nil, out, p, true, io, held, true)
-  if ok == nil then return nil, stop end
-  return stop
-end
-
 -- dm_decode reads a decision's value x (see the header) against the
 -- combinations: {cb, n, held, own} with cb its combination, n its number of
 -- checks, held the checks whose key the call holds (nil: none), own true
@@ -257,9 +247,13 @@ for _ = 1, m do
       ok = false
     end
   else
-    ok, x1, x2 = pcall(dm_many, KEYS, k, n, now, cb, out, p, dio, dio and d[3])
-    if ok and x1 then
-      p = x1
+    -- a decision of several checks, combination cb's (keys from KEYS[k]
+    -- on), into out from p on: rg_chain answers whether it was admitted
+    -- and the index after its last value, or nil and an error reply; d[3]
+    -- says which of its keys dio holds (rg_chain reads each on first use)
+    ok, x1, x2 = pcall(rg_chain, KEYS, k, 1, n, now, cb, nil, out, p, true, dio, dio and d[3], true)
+    if ok and x1 ~= nil then
+      p = x2
     else
       ok = false
       if x2 then x1 = x2 end

@@ -2,8 +2,9 @@
 --
 -- lua.go builds this script from records.lua, the algorithm functions (the
 -- part of each lua/<algo>.lua above its "@standalone" line), the tables it
--- writes from the algorithm table (rg_algorithms and rg_puts: each
--- algorithm's function and its put by code; rg_check calls one by code)
+-- writes from the algorithm table (rg_algorithms, rg_puts and rg_refunds:
+-- each algorithm's function, its put and its refund by code; rg_check
+-- calls one by code)
 -- and this file, so one EVALSHA (or one FCALL of the function library)
 -- decides a whole request.
 --
@@ -14,13 +15,15 @@
 -- Reply    {admitted 0|1, now_us, then per check: allowed, remaining, reset_us, retry_us}
 --
 -- A request of one check: the algorithm writes its admission itself (its
--- solo argument). Several: each algorithm but the last decides without
--- writing what an admission writes and hands that back as plain values, and
--- its put writes them once every check is decided, only when no non-shadow
--- check denied: a denied request consumes nothing. The last check is decided
--- when the others' verdicts are known: it writes itself when they allowed.
--- (An algorithm may rewrite a record written under another limit or period
--- while it decides; that changes no count. See each lua/<algo>.lua.)
+-- solo argument). Several (rg_chain): a denied request consumes nothing.
+-- A check whose admission only adds to a count writes it at once and
+-- gives it back (its algorithm's refund, exact there) if a later check
+-- denies; any other admission is handed back as plain values and written
+-- by its put once every check is decided, only when no non-shadow check
+-- denied. The last check is decided when the others' verdicts are known:
+-- it writes itself when they allowed. (An algorithm may rewrite a record
+-- written under another limit or period while it decides; that changes no
+-- count. See each lua/<algo>.lua.)
 
 -- rg_one decides a request of one check (shadow: the check only reports)
 -- and returns decide.lua's reply for it, or an error reply.
@@ -35,106 +38,154 @@ local function rg_one(key, now, code, limit, period, burst, cost, shadow)
   return {admitted, now, a, rem, reset, retry}
 end
 
+-- rg_maxbit: rg_chain marks at most 41 checks of a request written at
+-- once (a bit each in one number, whole below 2^53); the rest hand back.
+local rg_maxbit = 2 ^ 40
+
+-- rg_unwrite gives back, in a request that is denied, what checks i on
+-- wrote at once (bit j - i of wrote: check j, shape shapes[j], key
+-- KEYS[k0 + j - 1]) by the algorithm's refund, exact for a count-only
+-- write, and puts in each one's reply its quota as a zero-cost look
+-- reports it then. Their replies start at reply[p], as rg_chain laid them
+-- out.
+local function rg_unwrite(KEYS, k0, i, now, shapes, reply, p, wrote)
+  local j = i
+  while wrote > 0 do
+    local w = 3
+    if reply[p] >= 0 then w = 2 end
+    if wrote % 2 == 1 then
+      local s, key = shapes[j], KEYS[k0 + j - 1]
+      -- its reply says what it committed at now: the refund's at, rem, reset
+      rg_refunds[s[1]](key, now, s[2], s[3], s[4], s[6], now, reply[p], reply[p + 1])
+      local _
+      _, reply[p], reply[p + 1] = s[7](key, now, s[2], s[3], s[4], 0, false)
+    end
+    wrote = (wrote - wrote % 2) / 2
+    p, j = p + w, j + 1
+  end
+end
+
 -- rg_chain decides checks i to n of a request and writes their replies into
 -- reply from index o on, check i's first. The request's keys are KEYS[k0 ..
--- k0+n-1]; its checks are src[i], a shape {code, limit, period, burst,
--- shadow, cost, algorithm, put} (decide_many.lua's), or, when a0 is given,
--- six numbers each in src (ARGV) from src[a0] on, as this file's header
--- says. held[i] says that check i's key is held in io (records.lua). before
--- says whether every non-shadow check before i allowed. A check's reply is
--- its four values, or, compact (decide_many.lua), two when it allowed
--- (remaining, reset) and three when it denied (-remaining - 1, reset,
--- retry).
+-- k0+n-1]; check j is shapes[j], {code, limit, period, burst, shadow, cost,
+-- algorithm, put} (decide_many.lua's shapes; rg_all makes them from
+-- ARGV). held[j] says that check j's key is held in io (records.lua).
+-- before says whether every non-shadow check before i allowed. A check's
+-- reply is two values when it allowed (remaining, reset) and three when it
+-- denied (-remaining - 1, reset, retry): decide_many.lua's layout, which
+-- rg_all spreads into decide.lua's.
 --
 -- It returns whether the request is admitted (every non-shadow check
 -- allowed) and the index after the last value written, or nil and an error
--- reply. The request is all-or-nothing: check i is decided, then the checks
--- after it, and only then, once the whole request's verdict is known, check
--- i writes what it counted, or, in a denied request, reports its quota as
--- it stands (what a zero-cost look reports: as the algorithm handed it back,
--- or asked again; an algorithm may hand back none). So every check reads
--- before any writes, and nothing waits in a table: what check i writes
--- stays in this call's locals while the rest are decided. (The checks of
--- one request have distinct keys, so the order of the writes does not
--- matter.)
-local function rg_chain(KEYS, k0, i, n, now, src, a0, reply, o, before, io, held, compact)
-  -- s, a shape: its code, shadow and put are read only when needed (a
-  -- table read costs Redis about as much as ten plain Lua operations)
-  local code, limit, period, burst, cost, shadow, algo, put, s
-  if a0 then
-    local b = a0 + 6 * (i - 1)
-    code, limit, period, burst = tonumber(src[b]), tonumber(src[b + 1]), tonumber(src[b + 2]), tonumber(src[b + 3])
-    cost, shadow = tonumber(src[b + 4]), src[b + 5] == '1'
-    if code then algo, put = rg_algorithms[code], rg_puts[code] end
-    if not algo then code = src[b] end
-  else
-    s = src[i]
-    limit, period, burst, cost, algo = s[2], s[3], s[4], s[6], s[7]
-    if not algo then code = s[1] end
-  end
-  if not algo then
-    return nil, redis.error_reply('rategate: unknown algorithm code ' .. tostring(code))
-  end
-  local key = KEYS[k0 + i - 1]
-  local hio = nil
-  if held and held[i] then
-    -- read into io when the call first needs it, here, after the checks
-    -- before it ran (as the decision alone would: a check before may
-    -- rewrite its record, and this read may fail)
-    hio = io
-    if io[key] == nil then io[key] = redis.call('GET', key) end
-  end
-  -- The last check, every non-shadow check before it allowed: its verdict
-  -- is the request's (or, a shadow, changes nothing), so it writes its
-  -- admission at once, as a request of one check does, and hands nothing back.
-  local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, limit, period, burst, cost, before and i == n, hio)
-  local ok = before
-  if a ~= 1 then
-    if s then shadow = s[5] end
-    ok = before and shadow
-  end
-  local w = 4
-  if compact then
-    if a == 1 then w = 2 else w = 3 end
-  end
-  local stop = o + w
-  if i < n then
-    local rest, after = rg_chain(KEYS, k0, i + 1, n, now, src, a0, reply, stop, ok, io, held, compact)
-    if rest == nil then return nil, after end
-    ok, stop = rest, after
-  end
-  if a == 1 and w1 then
-    -- a check that allowed stays allowed (its place in a compact reply was
-    -- taken for two values): in a denied request it reports its quota as
-    -- a zero-cost look would
-    if ok then
-      if s then put = s[8] end
-      put(key, now, limit, period, burst, w1, w2, w3, w4, hio)
-    elseif lrem then
-      rem, reset = lrem, lreset
-    else
-      local _
-      _, rem, reset = algo(key, now, limit, period, burst, 0, false, hio)
+-- reply. The request is all-or-nothing: what a check counts is written
+-- only if every non-shadow check allows, and a check of a denied request
+-- reports its quota as it stands (what a zero-cost look reports: as the
+-- algorithm handed it back, or asked again; an algorithm may hand back
+-- none). Three ways, by how the check writes:
+--   - the last check, every non-shadow check before it allowed: its
+--     verdict is the request's (or, a shadow, changes nothing), so it
+--     writes its admission at once, as a request of one check does;
+--   - a check before it, while every check so far allowed, whose
+--     admission changes only a count, on a key the call does not hold
+--     (fixed_window and sliding_window in the common case: the "count"
+--     mode of their solo argument): it writes at once too, and if a later
+--     check denies, rg_unwrite gives it back with the algorithm's refund,
+--     exact for such a write. The common request, every check allowing,
+--     so runs as a loop of one-check decisions;
+--   - any other admission is handed back as plain values, and this call
+--     decides the checks after it by calling itself, then writes it (its
+--     put) or, the request denied, reports the look. It stays in this
+--     call's locals meanwhile: nothing waits in a table.
+-- (The checks of one request have distinct keys, so the order of the
+-- writes does not matter.) A check that fails (a key of another type)
+-- fails the request, which may leave the admissions written before it
+-- counted: the strict side. The loop reads a shape's fields only where
+-- it needs them: each Lua operation, a table read among them, costs Redis
+-- some 40 instructions.
+local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
+  local ok, first, wrote, bit = before, o, 0, 1
+  for j = i, n do
+    local s = shapes[j]
+    local algo, key, hio = s[7], KEYS[k0 + j - 1], nil
+    if not algo then
+      return nil, redis.error_reply('rategate: unknown algorithm code ' .. tostring(s[1]))
     end
+    if held and held[j] then
+      -- read into io when the call first needs it, here, after the checks
+      -- before it ran (as the decision alone would: a check before may
+      -- rewrite its record, and this read may fail)
+      hio = io
+      if io[key] == nil then io[key] = redis.call('GET', key) end
+    end
+    -- true: write at once; "count": at once if only a count changes
+    local mode = ok and (j == n or (not hio and bit <= rg_maxbit and 'count'))
+    local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, s[2], s[3], s[4], s[6], mode, hio)
+    if a ~= 1 then
+      reply[o], reply[o + 1], reply[o + 2] = -rem - 1, reset, retry
+      o = o + 3
+      if not s[5] then ok = false end
+    elseif not w1 then
+      reply[o], reply[o + 1] = rem, reset
+      o = o + 2
+      if mode == 'count' and s[6] > 0 then wrote = wrote + bit end
+    else
+      -- handed back: while every check so far allowed, the checks after it
+      -- decide (this call, calling itself) whether it is written
+      local at, rec = o, ok
+      o = o + 2
+      if ok then
+        local rest, after = rg_chain(KEYS, k0, j + 1, n, now, shapes, reply, o, true, io, held)
+        if rest == nil then return nil, after end
+        ok, o = rest, after
+        if ok then s[8](key, now, s[2], s[3], s[4], w1, w2, w3, w4, hio) end
+      end
+      -- a check that allowed stays allowed (its place in the reply was
+      -- taken for two values): in a denied request it reports its quota
+      -- as a zero-cost look would
+      if not ok then
+        if lrem then
+          rem, reset = lrem, lreset
+        else
+          local _
+          _, rem, reset = algo(key, now, s[2], s[3], s[4], 0, false, hio)
+        end
+      end
+      reply[at], reply[at + 1] = rem, reset
+      if rec then break end
+    end
+    bit = bit * 2
   end
-  if not compact then
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = a, rem, reset, retry
-  elseif a == 1 then
-    reply[o], reply[o + 1] = rem, reset
-  else
-    reply[o], reply[o + 1], reply[o + 2] = -rem - 1, reset, retry
-  end
-  return ok, stop
+  if not ok and wrote > 0 then rg_unwrite(KEYS, k0, i, now, shapes, reply, first, wrote) end
+  return ok, o
 end
 
 -- rg_all decides a request of n checks all-or-nothing and returns decide.lua's
 -- reply for it, or an error reply: its keys are KEYS[1 .. n], its numbers
--- from ARGV[2] on.
+-- from ARGV[2] on, made into rg_chain's shapes (a code that names no
+-- algorithm stays as given, for the error).
 local function rg_all(KEYS, ARGV, n, now)
-  local reply = {1, now}
-  local ok, err = rg_chain(KEYS, 1, 1, n, now, ARGV, 2, reply, 3, true)
+  local shapes = {}
+  for i = 1, n do
+    local b = 2 + 6 * (i - 1)
+    local code = tonumber(ARGV[b]) or ARGV[b]
+    shapes[i] = {code, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 5] == '1',
+      tonumber(ARGV[b + 4]), rg_algorithms[code], rg_puts[code]}
+  end
+  local out = {}
+  local ok, err = rg_chain(KEYS, 1, 1, n, now, shapes, out, 1, true)
   if ok == nil then return err end
+  local reply, p = {1, now}, 1
   if not ok then reply[1] = 0 end
+  for i = 1, n do
+    local o, v = 3 + 4 * (i - 1), out[p]
+    if v >= 0 then
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, v, out[p + 1], 0
+      p = p + 2
+    else
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 0, -v - 1, out[p + 1], out[p + 2]
+      p = p + 3
+    end
+  end
   return reply
 end
 

@@ -251,7 +251,7 @@ for _ = 1, m do
     -- on), into out from p on: rg_chain answers whether it was admitted
     -- and the index after its last value, or nil and an error reply; d[3]
     -- says which of its keys dio holds (rg_chain reads each on first use)
-    ok, x1, x2 = pcall(rg_chain, KEYS, k, 1, n, now, cb, nil, out, p, true, dio, dio and d[3], true)
+    ok, x1, x2 = pcall(rg_chain, KEYS, k, 1, n, now, cb, out, p, true, dio, dio and d[3])
     if ok and x1 ~= nil then
       p = x2
     else

@@ -617,3 +617,103 @@ func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
 		t.Errorf("gcra record: before %s, after the batch %s, alone %s; want the conversion in both", before, m, o)
 	}
 }
+
+// TestDeniedRequestLeavesRecords: a check before the one that denies a
+// request may have written its admission at once (rg_chain's count-only
+// writes) and gives it back when the later check denies. The denied request
+// leaves each record byte for byte as it was, with its expiry, and each of
+// its allowed checks reports what a zero-cost look at the same instant
+// reports. Through decide (FCALL and EVALSHA) and decide_many, with the
+// denying check last and between the others, on records in their current
+// window (the count-only case) and on new keys (handed back).
+func TestDeniedRequestLeavesRecords(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	period := int64(60_000_000)
+	fw := [5]int64{int64(Code("fixed_window")), 10, period, 10, 1}
+	sw := [5]int64{int64(Code("sliding_window")), 10, period, 10, 1}
+	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
+	// decide.lua's reply, whichever way it is asked
+	ways := []struct {
+		name string
+		call func(keys []string, argv []any) []any
+	}{
+		{"FCALL decide", func(keys []string, argv []any) []any {
+			r, err := client.FCall(ctx, lib.Decide, keys, argv...).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+		{"EVALSHA decide", func(keys []string, argv []any) []any {
+			r, err := DecideScript.Run(ctx, client, keys, argv...).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+		{"decide_many", func(keys []string, argv []any) []any {
+			d := manyDecision{keys, argv}
+			ks, args := manyArgs(func(k string) string { return k }, []manyDecision{d})
+			got := decideMany(t, client, lib, ks, args, entriesOf([]manyDecision{d}))
+			r, ok := got[0].([]any)
+			if !ok {
+				t.Fatalf("decide_many answered %v", got[0])
+			}
+			return r
+		}},
+	}
+	for _, way := range ways {
+		for _, order := range [][3]int{{0, 1, 2}, {0, 2, 1}} {
+			for _, warm := range []bool{true, false} {
+				name := fmt.Sprintf("%s, order %v, warm %v", way.name, order, warm)
+				k := inSpace(strings.ReplaceAll(name, " ", "_"))
+				now := time.Now().UnixMicro()
+				if warm {
+					for range 2 {
+						way.call([]string{k("fw"), k("sw")}, decideArgv(now, fw, sw))
+					}
+				}
+				way.call([]string{k("gate")}, decideArgv(now, gate))
+				before := map[string]string{}
+				ttl := map[string]time.Duration{}
+				for _, key := range []string{k("fw"), k("sw")} {
+					before[key] = testredis.KeyState(t, client, key)
+					ttl[key] = client.PTTL(ctx, key).Val()
+				}
+				all := [3][5]int64{fw, sw, gate}
+				names := [3]string{k("fw"), k("sw"), k("gate")}
+				var checks [][5]int64
+				var keys []string
+				for _, i := range order {
+					checks, keys = append(checks, all[i]), append(keys, names[i])
+				}
+				at := now + 1000
+				got := way.call(keys, decideArgv(at, checks...))
+				if got[0] != int64(0) {
+					t.Fatalf("%s: %v, want the request denied", name, got)
+				}
+				for c, key := range keys {
+					if key == k("gate") {
+						if got[2+4*c] != int64(0) {
+							t.Errorf("%s: the gate answered %v, want denied", name, got[2+4*c:6+4*c])
+						}
+						continue
+					}
+					if after := testredis.KeyState(t, client, key); after != before[key] {
+						t.Errorf("%s: %s went from %s to %s", name, key, before[key], after)
+					}
+					if after := client.PTTL(ctx, key).Val(); after > ttl[key] {
+						t.Errorf("%s: %s expires later: %v, was %v", name, key, after, ttl[key])
+					}
+					look := checks[c]
+					look[4] = 0
+					want := way.call([]string{key}, decideArgv(at, look))
+					if !reflect.DeepEqual(got[2+4*c:6+4*c], want[2:6]) {
+						t.Errorf("%s: check %s answered %v, a look %v", name, key, got[2+4*c:6+4*c], want[2:6])
+					}
+				}
+			}
+		}
+	}
+}

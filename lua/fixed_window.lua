@@ -49,9 +49,11 @@ local function fixed_window_put(key, now, limit, period, burst, count, e, new, _
   end
 end
 
--- fixed_window returns allowed, remaining, reset, retry. solo (a request
--- of one check) writes an admission at once; otherwise an admission also
--- returns what fixed_window_put needs (the new count, the end of the
+-- fixed_window returns allowed, remaining, reset, retry. solo true (a
+-- request of one check) writes an admission at once, and so does solo
+-- "count" (decide.lua's rg_chain) where only the count of the record
+-- there is changes (fixed_window_refund gives that back exactly);
+-- otherwise an admission also returns what fixed_window_put needs (the new count, the end of the
 -- window it is counted in, and whether the record is new: true, written
 -- with its expiry; false, the window's first commit set the expiry
 -- already), then the remaining and reset a zero-cost look would report
@@ -99,7 +101,7 @@ local function fixed_window(key, now, limit, period, burst, cost, solo, io)
   if count + cost == 0 then return 1, limit, 0, 0 end
   if cost == 0 then return 1, limit - count, reset, 0 end
   -- the last two: what a zero-cost look reports now (decide.lua's denials)
-  if solo then
+  if solo == true or (solo and e) then
     fixed_window_put(key, now, limit, period, burst, count + cost, e or we, not e, nil, io)
     return 1, limit - count - cost, reset, 0
   end

@@ -159,8 +159,9 @@ local function gcra_put(key, now, limit, period, burst, t, f, ttl, _, io)
   gcra_store(key, t, f, limit, period, ttl, io)
 end
 
--- gcra returns allowed, remaining, reset, retry. solo (a request of one
--- check) writes an admission at once; otherwise an admission also returns
+-- gcra returns allowed, remaining, reset, retry. solo true (a request of
+-- one check) writes an admission at once (any other solo, as rg_chain's
+-- "count", hands it back); otherwise an admission also returns
 -- what gcra_put needs: the new TAT (whole µs and numerator) and its
 -- distance from now rounded up (the TTL). It hands back no look (what a
 -- zero-cost look would report instead): that costs a gc_left, more than
@@ -203,7 +204,7 @@ local function gcra(key, now, limit, period, burst, cost, solo, io)
   end
   local ttl = ni
   if nf > 0 then ttl = ni + 1 end
-  if solo then
+  if solo == true then
     gcra_store(key, now + ni, nf, limit, period, ttl, io)
     return 1, gc_left(ti, tf, ni, nf, burst, q, r, limit, period), ttl, 0
   end

@@ -95,8 +95,9 @@ local function sliding_log_put(key, now, limit, period, burst, at, k, cost, ttl)
   redis.call('PEXPIRE', key, math.max(math.ceil(ttl / 1000), 2))
 end
 
--- sliding_log returns allowed, remaining, reset, retry. solo (a request of
--- one check) writes an admission at once; otherwise an admission also
+-- sliding_log returns allowed, remaining, reset, retry. solo true (a
+-- request of one check) writes an admission at once (any other solo, as
+-- rg_chain's "count", hands it back); otherwise an admission also
 -- returns what sliding_log_put needs (the new entry's time, running total
 -- and cost, and the key's TTL), then the remaining and reset a zero-cost
 -- look would report instead; and the key's expiry is seen to here (the
@@ -157,12 +158,12 @@ local function sliding_log(key, now, limit, period, burst, cost, solo)
   local lreset = 0
   if last then lreset = last + period - now end
   if cost == 0 then return 1, limit - used, lreset, 0 end
-  if last and not solo then sl_keep(key, now, period, last) end
+  if last and solo ~= true then sl_keep(key, now, period, last) end
   -- After a clock step back the newest entry can be later than now.
   local at = now
   if last and last > now then at = last end
   local reset = at + period - now
-  if solo then
+  if solo == true then
     sliding_log_put(key, now, limit, period, burst, at, lastk + cost, cost, reset)
     return 1, limit - used - cost, reset, 0
   end

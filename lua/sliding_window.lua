@@ -132,9 +132,12 @@ local function sliding_window_put(key, now, limit, period, burst, e, curr, prev,
   end
 end
 
--- sliding_window returns allowed, remaining, reset, retry. solo (a request
--- of one check) writes an admission at once; otherwise an admission that
--- has something to write also returns what sliding_window_put needs (the
+-- sliding_window returns allowed, remaining, reset, retry. solo true (a
+-- request of one check) writes an admission at once, and so does solo
+-- "count" (decide.lua's rg_chain) where the record is this window's and
+-- only its current count changes (sliding_window_refund gives that back
+-- exactly); otherwise an admission that has something to write also
+-- returns what sliding_window_put needs (the
 -- current count's window end, the new current and previous counts, and
 -- when the record stops counting, which sets its expiry; false: the
 -- record is this window's, as stored, and only c changes), then the
@@ -263,7 +266,7 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
   if remaining < 0 then remaining = 0 end
   -- reset + now is sw_gone(cend, period): when curr stops counting
   local gone = not same and reset + now
-  if solo then
+  if solo == true then
     sliding_window_put(key, now, limit, period, burst, cend, curr, prev, gone, io)
     return 1, remaining, reset, 0
   end

@@ -148,8 +148,9 @@ local function token_bucket_put(key, now, limit, period, burst, left, ts, ttl, _
   token_bucket_store(key, left, ts, limit, period, burst, ttl, io)
 end
 
--- token_bucket returns allowed, remaining, reset, retry. solo (a request
--- of one check) writes an admission at once; otherwise an admission also
+-- token_bucket returns allowed, remaining, reset, retry. solo true (a
+-- request of one check) writes an admission at once (any other solo, as
+-- rg_chain's "count", hands it back); otherwise an admission also
 -- returns what token_bucket_put needs (the tokens left, the time they
 -- refer to, the time to a full bucket: the TTL), then the remaining and
 -- reset a zero-cost look would report instead. io: see token_bucket_load.
@@ -211,7 +212,7 @@ local function token_bucket(key, now, limit, period, burst, cost, solo, io)
   local left = have - cost
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)
   local ttl = tb_after(burst - left, ri, 0, q, r, limit)
-  if solo then
+  if solo == true then
     token_bucket_store(key, left, now - ri, limit, period, burst, ttl, io)
     return 1, left, ttl, 0
   end

@@ -2,9 +2,8 @@
 --
 -- lua.go builds this script from records.lua, the algorithm functions (the
 -- part of each lua/<algo>.lua above its "@standalone" line), the tables it
--- writes from the algorithm table (rg_algorithms, rg_puts and rg_refunds:
--- each algorithm's function, its put and its refund by code; rg_check
--- calls one by code)
+-- writes from the algorithm table (rg_algorithms and rg_puts: each
+-- algorithm's function and its put by code; rg_check calls one by code)
 -- and this file, so one EVALSHA (or one FCALL of the function library)
 -- decides a whole request.
 --
@@ -17,8 +16,7 @@
 -- A request of one check: the algorithm writes its admission itself (its
 -- solo argument). Several (rg_chain): a denied request consumes nothing.
 -- A check whose admission only adds to a count writes it at once and
--- gives it back (its algorithm's refund, exact there) if a later check
--- denies; any other admission is handed back as plain values and written
+-- takes it off again if a later check denies; any other admission is handed back as plain values and written
 -- by its put once every check is decided, only when no non-shadow check
 -- denied. The last check is decided when the others' verdicts are known:
 -- it writes itself when they allowed. (An algorithm may rewrite a record
@@ -42,12 +40,24 @@ end
 -- once (a bit each in one number, whole below 2^53); the rest hand back.
 local rg_maxbit = 2 ^ 40
 
+-- rg_careful counts down the requests that hand every write back after one
+-- had its writes taken off again (rg_unwrite): a write and its undoing
+-- cost Redis more than the handing back they save, so while later rules
+-- deny (an API's limit under a flood) the chain stops writing at once.
+-- It spans the calls of the function library (its top level lives as long
+-- as the library; a script's starts afresh on every call) and changes
+-- what a decision costs, never what it answers or leaves.
+local rg_careful = 0
+
 -- rg_unwrite gives back, in a request that is denied, what checks i on
 -- wrote at once (bit j - i of wrote: check j, shape shapes[j], key
--- KEYS[k0 + j - 1]) by the algorithm's refund, exact for a count-only
--- write, and puts in each one's reply its quota as a zero-cost look
--- reports it then. Their replies start at reply[p], as rg_chain laid them
--- out.
+-- KEYS[k0 + j - 1]), and puts in each one's reply its quota as a
+-- zero-cost look then reports it. Such a write (solo "count") only added
+-- the check's cost to the second number of its record, at byte 8, and
+-- kept the expiry: taking the cost off again leaves the record byte for
+-- byte as it was. The look reads the record from the table it was just
+-- decoded into (the io of records.lua; a look writes nothing). Their
+-- replies start at reply[p], as rg_chain laid them out.
 local function rg_unwrite(KEYS, k0, i, now, shapes, reply, p, wrote)
   local j = i
   while wrote > 0 do
@@ -55,14 +65,18 @@ local function rg_unwrite(KEYS, k0, i, now, shapes, reply, p, wrote)
     if reply[p] >= 0 then w = 2 end
     if wrote % 2 == 1 then
       local s, key = shapes[j], KEYS[k0 + j - 1]
-      -- its reply says what it committed at now: the refund's at, rem, reset
-      rg_refunds[s[1]](key, now, s[2], s[3], s[4], s[6], now, reply[p], reply[p + 1])
+      local v = redis.call('GET', key)
+      local r = {struct.unpack(rg_formats[#v / 8], v)}
+      r[#r] = nil -- unpack's last value: the position after the record
+      r[2] = r[2] - s[6]
+      redis.call('SETRANGE', key, '8', struct.pack('<d', r[2]))
       local _
-      _, reply[p], reply[p + 1] = s[7](key, now, s[2], s[3], s[4], 0, false)
+      _, reply[p], reply[p + 1] = s[7](key, now, s[2], s[3], s[4], 0, false, {[key] = r})
     end
     wrote = (wrote - wrote % 2) / 2
     p, j = p + w, j + 1
   end
+  rg_careful = 32
 end
 
 -- rg_chain decides checks i to n of a request and writes their replies into
@@ -86,12 +100,12 @@ end
 --     verdict is the request's (or, a shadow, changes nothing), so it
 --     writes its admission at once, as a request of one check does;
 --   - a check before it, while every check so far allowed, whose
---     admission changes only a count, on a key the call does not hold
+--     admission only adds to a count, on a key the call does not hold
 --     (fixed_window and sliding_window in the common case: the "count"
 --     mode of their solo argument): it writes at once too, and if a later
---     check denies, rg_unwrite gives it back with the algorithm's refund,
---     exact for such a write. The common request, every check allowing,
---     so runs as a loop of one-check decisions;
+--     check denies, rg_unwrite takes the cost off again. The common
+--     request, every check allowing, so runs as a loop of one-check
+--     decisions;
 --   - any other admission is handed back as plain values, and this call
 --     decides the checks after it by calling itself, then writes it (its
 --     put) or, the request denied, reports the look. It stays in this
@@ -104,6 +118,7 @@ end
 -- some 40 instructions.
 local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
   local ok, first, wrote, bit = before, o, 0, 1
+  if rg_careful > 0 and i == 1 then rg_careful = rg_careful - 1 end
   for j = i, n do
     local s = shapes[j]
     local algo, key, hio = s[7], KEYS[k0 + j - 1], nil
@@ -118,7 +133,7 @@ local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
       if io[key] == nil then io[key] = redis.call('GET', key) end
     end
     -- true: write at once; "count": at once if only a count changes
-    local mode = ok and (j == n or (not hio and bit <= rg_maxbit and 'count'))
+    local mode = ok and (j == n or (not hio and rg_careful == 0 and bit <= rg_maxbit and 'count'))
     local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, s[2], s[3], s[4], s[6], mode, hio)
     if a ~= 1 then
       reply[o], reply[o + 1], reply[o + 2] = -rem - 1, reset, retry

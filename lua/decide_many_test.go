@@ -620,61 +620,58 @@ func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
 
 // TestDeniedRequestLeavesRecords: a check before the one that denies a
 // request may have written its admission at once (rg_chain's count-only
-// writes) and gives it back when the later check denies. The denied request
-// leaves each record byte for byte as it was, with its expiry, and each of
-// its allowed checks reports what a zero-cost look at the same instant
-// reports. Through decide (FCALL and EVALSHA) and decide_many, with the
-// denying check last and between the others, on records in their current
-// window (the count-only case) and on new keys (handed back).
+// writes) and takes it off again when the later check denies. The denied
+// request leaves each record byte for byte as it was, with its expiry, and
+// each of its allowed checks reports what a zero-cost look at the same
+// instant reports. Through decide (FCALL and EVALSHA) and decide_many, each
+// on a fresh server, with the denying check last and between the others, on
+// records in their current window (the count-only case) and on new keys
+// (handed back). In the function library the first warm request takes the
+// write off again and the next one hands its writes back (rg_careful): both
+// ways are checked; a script starts afresh on every call.
 func TestDeniedRequestLeavesRecords(t *testing.T) {
-	client, lib := withLibrary(t)
 	ctx := context.Background()
 	period := int64(60_000_000)
 	fw := [5]int64{int64(Code("fixed_window")), 10, period, 10, 1}
 	sw := [5]int64{int64(Code("sliding_window")), 10, period, 10, 1}
 	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
-	// decide.lua's reply, whichever way it is asked
-	ways := []struct {
-		name string
-		call func(keys []string, argv []any) []any
-	}{
-		{"FCALL decide", func(keys []string, argv []any) []any {
-			r, err := client.FCall(ctx, lib.Decide, keys, argv...).Slice()
+	for _, way := range []string{"FCALL decide", "EVALSHA decide", "decide_many"} {
+		client, lib := withLibrary(t)
+		// decide.lua's reply, asked the way named
+		call := func(keys []string, argv []any) []any {
+			t.Helper()
+			var r []any
+			var err error
+			switch way {
+			case "FCALL decide":
+				r, err = client.FCall(ctx, lib.Decide, keys, argv...).Slice()
+			case "EVALSHA decide":
+				r, err = DecideScript.Run(ctx, client, keys, argv...).Slice()
+			default:
+				d := manyDecision{keys, argv}
+				ks, args := manyArgs(func(k string) string { return k }, []manyDecision{d})
+				got := decideMany(t, client, lib, ks, args, entriesOf([]manyDecision{d}))
+				var ok bool
+				if r, ok = got[0].([]any); !ok {
+					err = fmt.Errorf("decide_many answered %v", got[0])
+				}
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			return r
-		}},
-		{"EVALSHA decide", func(keys []string, argv []any) []any {
-			r, err := DecideScript.Run(ctx, client, keys, argv...).Slice()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return r
-		}},
-		{"decide_many", func(keys []string, argv []any) []any {
-			d := manyDecision{keys, argv}
-			ks, args := manyArgs(func(k string) string { return k }, []manyDecision{d})
-			got := decideMany(t, client, lib, ks, args, entriesOf([]manyDecision{d}))
-			r, ok := got[0].([]any)
-			if !ok {
-				t.Fatalf("decide_many answered %v", got[0])
-			}
-			return r
-		}},
-	}
-	for _, way := range ways {
-		for _, order := range [][3]int{{0, 1, 2}, {0, 2, 1}} {
-			for _, warm := range []bool{true, false} {
-				name := fmt.Sprintf("%s, order %v, warm %v", way.name, order, warm)
+		}
+		for _, warm := range []bool{true, false} {
+			for _, order := range [][3]int{{0, 1, 2}, {0, 2, 1}} {
+				name := fmt.Sprintf("%s, order %v, warm %v", way, order, warm)
 				k := inSpace(strings.ReplaceAll(name, " ", "_"))
 				now := time.Now().UnixMicro()
 				if warm {
 					for range 2 {
-						way.call([]string{k("fw"), k("sw")}, decideArgv(now, fw, sw))
+						call([]string{k("fw"), k("sw")}, decideArgv(now, fw, sw))
 					}
 				}
-				way.call([]string{k("gate")}, decideArgv(now, gate))
+				call([]string{k("gate")}, decideArgv(now, gate))
 				before := map[string]string{}
 				ttl := map[string]time.Duration{}
 				for _, key := range []string{k("fw"), k("sw")} {
@@ -689,7 +686,7 @@ func TestDeniedRequestLeavesRecords(t *testing.T) {
 					checks, keys = append(checks, all[i]), append(keys, names[i])
 				}
 				at := now + 1000
-				got := way.call(keys, decideArgv(at, checks...))
+				got := call(keys, decideArgv(at, checks...))
 				if got[0] != int64(0) {
 					t.Fatalf("%s: %v, want the request denied", name, got)
 				}
@@ -708,12 +705,69 @@ func TestDeniedRequestLeavesRecords(t *testing.T) {
 					}
 					look := checks[c]
 					look[4] = 0
-					want := way.call([]string{key}, decideArgv(at, look))
+					want := call([]string{key}, decideArgv(at, look))
 					if !reflect.DeepEqual(got[2+4*c:6+4*c], want[2:6]) {
 						t.Errorf("%s: check %s answered %v, a look %v", name, key, got[2+4*c:6+4*c], want[2:6])
 					}
 				}
 			}
 		}
+	}
+}
+
+// TestCarefulAfterUndo: in the function library, once a request's writes
+// were taken off again, the next 32 requests of several checks hand their
+// writes back (rg_careful), so a flood that a later rule denies costs Redis
+// no write and undoing per request; then writing at once resumes. Counted
+// by Redis's own SETRANGE calls (a count-only write, its undoing).
+func TestCarefulAfterUndo(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	period := int64(60_000_000)
+	fw := [5]int64{int64(Code("fixed_window")), 1000, period, 1000, 1}
+	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
+	k := inSpace("careful")
+	now := time.Now().UnixMicro()
+	decide := func(keys []string, checks ...[5]int64) {
+		t.Helper()
+		if err := client.FCall(ctx, lib.Decide, keys, decideArgv(now, checks...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setranges := func(fn func()) int64 {
+		t.Helper()
+		if err := client.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		fn()
+		info := client.Info(ctx, "commandstats").Val()
+		m := regexp.MustCompile(`cmdstat_setrange:calls=(\d+)`).FindStringSubmatch(info)
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		return n
+	}
+	decide([]string{k("fw"), k("other")}, fw, fw) // both records now in their window
+	decide([]string{k("gate")}, gate)             // the gate is shut
+	denied := func() { decide([]string{k("fw"), k("gate")}, fw, gate) }
+	if n := setranges(denied); n != 2 {
+		t.Fatalf("the first denied request made %d SETRANGE calls, want 2 (the write and its undoing)", n)
+	}
+	if n := setranges(denied); n != 0 {
+		t.Fatalf("the next denied request made %d SETRANGE calls, want 0 (handed back)", n)
+	}
+	// 30 more requests of two checks, admitted: handed back, one write each
+	allowed := func() { decide([]string{k("fw"), k("other")}, fw, fw) }
+	if n := setranges(func() {
+		for range 30 {
+			allowed()
+		}
+	}); n != 60 {
+		t.Fatalf("30 admitted requests made %d SETRANGE calls, want 60", n)
+	}
+	// the 32 requests after the undoing are spent: writing at once again
+	if n := setranges(denied); n != 2 {
+		t.Fatalf("a denied request after 32 made %d SETRANGE calls, want 2", n)
 	}
 }

@@ -52,7 +52,8 @@ end
 -- fixed_window returns allowed, remaining, reset, retry. solo true (a
 -- request of one check) writes an admission at once, and so does solo
 -- "count" (decide.lua's rg_chain) where only the count of the record
--- there is changes (fixed_window_refund gives that back exactly);
+-- there is changes (n, at byte 8: rg_chain takes it off again when
+-- another rule denies);
 -- otherwise an admission also returns what fixed_window_put needs (the new count, the end of the
 -- window it is counted in, and whether the record is new: true, written
 -- with its expiry; false, the window's first commit set the expiry

@@ -186,19 +186,17 @@ func algorithmParts(read source) ([]algorithm, error) {
 	return out, nil
 }
 
-// dispatch writes rg_algorithms, rg_puts and rg_refunds, each algorithm's
-// function, its put and its refund by code (nil for one a script leaves
-// undefined), and rg_check, which calls an algorithm by its code.
+// dispatch writes rg_algorithms and rg_puts, each algorithm's function and
+// its put by code (nil for one a script leaves undefined), and rg_check,
+// which calls an algorithm by its code.
 func dispatch(sb *strings.Builder, algos []algorithm) {
-	var fns, puts, refunds []string
+	var fns, puts []string
 	for _, a := range algos {
 		fns = append(fns, fmt.Sprintf("[%d] = %s", a.code, a.fn))
 		puts = append(puts, fmt.Sprintf("[%d] = %s_put", a.code, a.fn))
-		refunds = append(refunds, fmt.Sprintf("[%d] = %s_refund", a.code, a.fn))
 	}
 	fmt.Fprintf(sb, "local rg_algorithms = {%s}\n", strings.Join(fns, ", "))
-	fmt.Fprintf(sb, "local rg_puts = {%s}\n", strings.Join(puts, ", "))
-	fmt.Fprintf(sb, "local rg_refunds = {%s}\n\n", strings.Join(refunds, ", "))
+	fmt.Fprintf(sb, "local rg_puts = {%s}\n\n", strings.Join(puts, ", "))
 	sb.WriteString("local function rg_check(code, key, now, limit, period, burst, cost, solo, io)\n")
 	sb.WriteString("  local f = rg_algorithms[code]\n")
 	sb.WriteString("  if f then return f(key, now, limit, period, burst, cost, solo, io) end\n")
@@ -421,9 +419,9 @@ func lazyAlgorithms(sb *strings.Builder, algos []algorithm, loop string) {
 	fmt.Fprintf(sb, "local %s\n%s\n  local c = tonumber(ARGV[i])\n  if %s end\nend\n\n",
 		strings.Join(used, ", "), loop, strings.Join(scan, " elseif "))
 	for _, a := range algos {
-		fmt.Fprintf(sb, "local %[1]s, %[1]s_put, %[1]s_refund\nif rg_u%[2]d then\n", a.fn, a.code)
+		fmt.Fprintf(sb, "local %[1]s, %[1]s_put\nif rg_u%[2]d then\n", a.fn, a.code)
 		body := a.body
-		for _, f := range []string{a.fn, a.fn + "_put", a.fn + "_refund"} {
+		for _, f := range []string{a.fn, a.fn + "_put"} {
 			body = strings.Replace(body, "local function "+f+"(", "function "+f+"(", 1)
 		}
 		sb.WriteString(body)

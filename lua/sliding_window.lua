@@ -135,8 +135,8 @@ end
 -- sliding_window returns allowed, remaining, reset, retry. solo true (a
 -- request of one check) writes an admission at once, and so does solo
 -- "count" (decide.lua's rg_chain) where the record is this window's and
--- only its current count changes (sliding_window_refund gives that back
--- exactly); otherwise an admission that has something to write also
+-- only its current count changes (c, at byte 8: rg_chain takes it off
+-- again when another rule denies); otherwise an admission that has something to write also
 -- returns what sliding_window_put needs (the
 -- current count's window end, the new current and previous counts, and
 -- when the record stops counting, which sets its expiry; false: the
@@ -251,7 +251,7 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
 
   local reset = sw_gone(cend, period) - now
   local lrem, lreset
-  if cost == 0 or not solo then
+  if cost == 0 or solo ~= true then
     lrem, lreset = math.floor(limit - est), 0
     if lrem < 0 then lrem = 0 end
     if curr > 0 then

@@ -45,8 +45,12 @@ local rg_maxbit = 2 ^ 40
 -- cost Redis more than the handing back they save, so while later rules
 -- deny (an API's limit under a flood) the chain stops writing at once.
 -- It spans the calls of the function library (its top level lives as long
--- as the library; a script's starts afresh on every call) and changes
--- what a decision costs, never what it answers or leaves.
+-- as the library) and changes what a decision costs, never what it
+-- answers or leaves. The scripts (EVALSHA) never write at once: lua.go
+-- starts their rg_careful at math.huge. A script starts afresh on every
+-- call, so it could not learn from an undoing, and Redis refuses a
+-- script's first write when it is out of memory, which a denied request
+-- (writing nothing) must not meet.
 local rg_careful = 0
 
 -- rg_unwrite gives back, in a request that is denied, what checks i on
@@ -83,7 +87,8 @@ end
 -- reply from index o on, check i's first. The request's keys are KEYS[k0 ..
 -- k0+n-1]; check j is shapes[j], {code, limit, period, burst, shadow, cost,
 -- algorithm, put} (decide_many.lua's shapes; rg_all makes them from
--- ARGV). held[j] says that check j's key is held in io (records.lua).
+-- ARGV), each with its algorithm (the callers refuse a request with an
+-- unknown code before any check runs: a check may write at once). held[j] says that check j's key is held in io (records.lua).
 -- before says whether every non-shadow check before i allowed. A check's
 -- reply is two values when it allowed (remaining, reset) and three when it
 -- denied (-remaining - 1, reset, retry): decide_many.lua's layout, which
@@ -122,9 +127,6 @@ local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
   for j = i, n do
     local s = shapes[j]
     local algo, key, hio = s[7], KEYS[k0 + j - 1], nil
-    if not algo then
-      return nil, redis.error_reply('rategate: unknown algorithm code ' .. tostring(s[1]))
-    end
     if held and held[j] then
       -- read into io when the call first needs it, here, after the checks
       -- before it ran (as the decision alone would: a check before may
@@ -177,14 +179,18 @@ end
 -- rg_all decides a request of n checks all-or-nothing and returns decide.lua's
 -- reply for it, or an error reply: its keys are KEYS[1 .. n], its numbers
 -- from ARGV[2] on, made into rg_chain's shapes (a code that names no
--- algorithm stays as given, for the error).
+-- algorithm fails the request before any check runs).
 local function rg_all(KEYS, ARGV, n, now)
   local shapes = {}
   for i = 1, n do
     local b = 2 + 6 * (i - 1)
-    local code = tonumber(ARGV[b]) or ARGV[b]
+    local code = tonumber(ARGV[b])
+    local algo = code and rg_algorithms[code]
+    if not algo then
+      return redis.error_reply('rategate: unknown algorithm code ' .. tostring(ARGV[b]))
+    end
     shapes[i] = {code, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 5] == '1',
-      tonumber(ARGV[b + 4]), rg_algorithms[code], rg_puts[code]}
+      tonumber(ARGV[b + 4]), algo, rg_puts[code]}
   end
   local out = {}
   local ok, err = rg_chain(KEYS, 1, 1, n, now, shapes, out, 1, true)

@@ -75,9 +75,6 @@ end
 -- holds the key, loaded on first use.
 local function dm_one(key, now, s, io)
   local f = s[7]
-  if not f then
-    return redis.error_reply('rategate: unknown algorithm code ' .. tostring(s[1]))
-  end
   if io and io[key] == nil then io[key] = redis.call('GET', key) end
   return f(key, now, s[2], s[3], s[4], s[6], true, io)
 end
@@ -137,7 +134,8 @@ if not dm_whole(m, 0) or not dm_whole(r, 0) or not dm_whole(c, 0) then
 end
 -- shapes[i] is {code, limit, period, burst, shadow, cost, the algorithm's
 -- function, its put}; combos[i] the list of its shapes, n their number,
--- bad the error of a decision of it when one names no shape.
+-- bad the error of a decision of it when one names no shape, or a shape
+-- whose code names no algorithm.
 local shapes, combos = {}, {}
 local a = 4
 for i = 1, r do
@@ -160,6 +158,10 @@ for i = 1, c do
     local s = shapes[tonumber(ARGV[a + j])]
     if not s then
       cb.bad = redis.error_reply('rategate: decide_many check ' .. j .. ' has no shape')
+    elseif not s[7] and not cb.bad then
+      -- checked before any decision of it runs: a check before this one
+      -- may write at once (rg_chain), and this one could not decide
+      cb.bad = redis.error_reply('rategate: unknown algorithm code ' .. tostring(s[1]))
     end
     cb[j] = s
   end

@@ -771,3 +771,90 @@ func TestCarefulAfterUndo(t *testing.T) {
 		t.Fatalf("a denied request after 32 made %d SETRANGE calls, want 2", n)
 	}
 }
+
+// TestUnknownCodeWritesNothing: a request whose later check names no
+// algorithm fails before any check runs, so an earlier check that would
+// write at once (rg_chain) writes nothing. Through FCALL and EVALSHA of
+// decide and decide_many.
+func TestUnknownCodeWritesNothing(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	period := int64(60_000_000)
+	fw := [5]int64{int64(Code("fixed_window")), 5, period, 5, 1}
+	bad := [5]int64{9, 5, period, 5, 1}
+	now := time.Now().UnixMicro()
+	for _, way := range []string{"FCALL decide", "EVALSHA decide", "FCALL decide_many", "EVALSHA decide_many"} {
+		k := inSpace(strings.ReplaceAll(way, " ", "_"))
+		if err := client.FCall(ctx, lib.Decide, []string{k("a")}, decideArgv(now, fw)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := testredis.KeyState(t, client, k("a"))
+		keys, argv := []string{k("a"), k("b")}, decideArgv(now, fw, bad)
+		var err error
+		switch way {
+		case "FCALL decide":
+			err = client.FCall(ctx, lib.Decide, keys, argv...).Err()
+		case "EVALSHA decide":
+			err = DecideScript.Run(ctx, client, keys, argv...).Err()
+		default:
+			ks, args := manyArgs(func(k string) string { return k }, []manyDecision{{keys, argv}})
+			var flat []any
+			if way == "FCALL decide_many" {
+				flat, err = client.FCall(ctx, lib.DecideMany, ks, args...).Slice()
+			} else {
+				flat, err = DecideManyScript.Run(ctx, client, ks, args...).Slice()
+			}
+			if err == nil {
+				err, _ = flat[1].(error)
+			}
+		}
+		if err == nil || !strings.Contains(err.Error(), "unknown algorithm code 9") {
+			t.Errorf("%s: %v, want the unknown code's error", way, err)
+		}
+		if after := testredis.KeyState(t, client, k("a")); after != before {
+			t.Errorf("%s: the first check's record went from %s to %s", way, before, after)
+		}
+	}
+}
+
+// TestScriptsHandBack: the scripts (EVALSHA) never write a check at once
+// (decide.lua's rg_careful): a request a later rule denies makes no write,
+// so it costs no undoing and still answers when Redis refuses writes
+// (maxmemory reached).
+func TestScriptsHandBack(t *testing.T) {
+	client, _ := withLibrary(t)
+	ctx := context.Background()
+	period := int64(60_000_000)
+	fw := [5]int64{int64(Code("fixed_window")), 1000, period, 1000, 1}
+	sw := [5]int64{int64(Code("sliding_window")), 1000, period, 1000, 1}
+	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
+	k := inSpace("scripts")
+	now := time.Now().UnixMicro()
+	run := func(keys []string, checks ...[5]int64) ([]any, error) {
+		return DecideScript.Run(ctx, client, keys, decideArgv(now, checks...)...).Slice()
+	}
+	if _, err := run([]string{k("fw"), k("sw")}, fw, sw); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run([]string{k("gate")}, gate); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if got, err := run([]string{k("fw"), k("sw"), k("gate")}, fw, sw, gate); err != nil || got[0] != int64(0) {
+			t.Fatalf("denied request: %v, %v", got, err)
+		}
+	}
+	if strings.Contains(client.Info(ctx, "commandstats").Val(), "cmdstat_setrange") {
+		t.Fatalf("denied requests through EVALSHA wrote: %s", client.Info(ctx, "commandstats").Val())
+	}
+	if err := client.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer client.ConfigSet(ctx, "maxmemory", "0")
+	if got, err := run([]string{k("fw"), k("sw"), k("gate")}, fw, sw, gate); err != nil || got[0] != int64(0) {
+		t.Fatalf("denied request out of memory: %v, %v, want denied", got, err)
+	}
+}

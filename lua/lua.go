@@ -310,6 +310,13 @@ func build(readFile source) (assembly, error) {
 	if err != nil {
 		return assembly{}, err
 	}
+	// The scripts' copy never writes a check at once (decide.lua's
+	// rg_careful says why); the library's learns.
+	const careful = "local rg_careful = 0\n"
+	if n := strings.Count(decideFns, careful); n != 1 {
+		return assembly{}, fmt.Errorf("lua: decide.lua declares %q %d times, want once", careful, n)
+	}
+	scriptFns := strings.Replace(decideFns, careful, "local rg_careful = math.huge\n", 1)
 	refundDrv, err := refundDriver(read, algos)
 	if err != nil {
 		return assembly{}, err
@@ -331,7 +338,7 @@ func build(readFile source) (assembly, error) {
 	d.WriteString("-- rategate decide script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
 	d.WriteString(records)
 	lazyAlgorithms(&d, algos, "for i = 2, #ARGV, 6 do")
-	d.WriteString(decideFns)
+	d.WriteString(scriptFns)
 	d.WriteString(decideDrv)
 
 	// The decide_many script, for servers that do not run functions: the
@@ -341,7 +348,7 @@ func build(readFile source) (assembly, error) {
 	dm.WriteString("-- rategate decide_many script, assembled by lua.go from lua/*.lua (their comments explain it).\n")
 	dm.WriteString(records)
 	lazyAlgorithms(&dm, algos, "for i = 4, 3 + 6 * math.min(tonumber(ARGV[2]) or 0, (#ARGV - 3) / 6), 6 do")
-	dm.WriteString(decideFns)
+	dm.WriteString(scriptFns)
 	dm.WriteString(manyFns)
 	dm.WriteString(manyDrv)
 

@@ -858,3 +858,43 @@ func TestScriptsHandBack(t *testing.T) {
 		t.Fatalf("denied request out of memory: %v, %v, want denied", got, err)
 	}
 }
+
+// TestShapeCache: decide keeps the shapes it parsed by their arguments'
+// text (decide.lua's rg_shapes): a check is decided under its own numbers
+// whatever was cached before, past the cache's bound (4096) too, and the
+// shadow flag is part of a shape.
+func TestShapeCache(t *testing.T) {
+	client, lib := withLibrary(t)
+	ctx := context.Background()
+	now := time.Now().UnixMicro()
+	fw := int64(Code("fixed_window"))
+	for round := range 2 {
+		pipe := client.Pipeline()
+		var cmds []*redis.Cmd
+		for i := range int64(4500) {
+			key := fmt.Sprintf("rg:{cache%d:%d}:fw", round, i)
+			cmds = append(cmds, pipe.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{fw, 10 + i, 60_000_000, 10 + i, 1})...))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cmds {
+			r, err := c.Int64Slice()
+			if err != nil || r[0] != 1 || r[3] != int64(10+i-1) {
+				t.Fatalf("round %d, limit %d: %v, %v; want admitted with %d left", round, 10+i, r, err, 10+i-1)
+			}
+		}
+	}
+	// the same numbers as a shadow: a shadow of a spent limit admits
+	key := "rg:{cache:shadow}:fw"
+	argv := decideArgv(now, [5]int64{fw, 1, 60_000_000, 1, 1})
+	for i, want := range []int64{1, 0} {
+		if r, err := client.FCall(ctx, lib.Decide, []string{key}, argv...).Int64Slice(); err != nil || r[0] != want {
+			t.Fatalf("call %d: %v, %v; want admitted %d", i, r, err, want)
+		}
+	}
+	argv[len(argv)-1] = 1
+	if r, err := client.FCall(ctx, lib.Decide, []string{key}, argv...).Int64Slice(); err != nil || r[0] != 1 || r[2] != 0 {
+		t.Fatalf("as a shadow: %v, %v; want admitted, its check denied", r, err)
+	}
+}

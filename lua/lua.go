@@ -187,8 +187,7 @@ func algorithmParts(read source) ([]algorithm, error) {
 }
 
 // dispatch writes rg_algorithms and rg_puts, each algorithm's function and
-// its put by code (nil for one a script leaves undefined), and rg_check,
-// which calls an algorithm by its code.
+// its put by code (nil for one a script leaves undefined).
 func dispatch(sb *strings.Builder, algos []algorithm) {
 	var fns, puts []string
 	for _, a := range algos {
@@ -197,10 +196,6 @@ func dispatch(sb *strings.Builder, algos []algorithm) {
 	}
 	fmt.Fprintf(sb, "local rg_algorithms = {%s}\n", strings.Join(fns, ", "))
 	fmt.Fprintf(sb, "local rg_puts = {%s}\n\n", strings.Join(puts, ", "))
-	sb.WriteString("local function rg_check(code, key, now, limit, period, burst, cost, solo, io)\n")
-	sb.WriteString("  local f = rg_algorithms[code]\n")
-	sb.WriteString("  if f then return f(key, now, limit, period, burst, cost, solo, io) end\n")
-	sb.WriteString("  return nil\nend\n\n")
 }
 
 // refundDriver returns refund.lua with its two tables filled in.

@@ -16,16 +16,19 @@
 -- A request of one check: the algorithm writes its admission itself (its
 -- solo argument). Several (rg_chain): a denied request consumes nothing.
 -- A check whose admission only adds to a count writes it at once and
--- takes it off again if a later check denies; any other admission is handed back as plain values and written
--- by its put once every check is decided, only when no non-shadow check
--- denied. The last check is decided when the others' verdicts are known:
--- it writes itself when they allowed. (An algorithm may rewrite a record
--- written under another limit or period while it decides; that changes no
--- count. See each lua/<algo>.lua.)
+-- takes it off again if a later check denies; any other admission is
+-- handed back as plain values and written by its put once every check is
+-- decided, only when no non-shadow check denied. The last check is
+-- decided when the others' verdicts are known: it writes itself when they
+-- allowed. (An algorithm may rewrite a record written under another limit
+-- or period while it decides; that changes no count. See each
+-- lua/<algo>.lua.)
 
 -- rg_shapes holds the shapes (decide_many.lua's: {code, limit, period,
 -- burst, shadow, cost, algorithm, put}) parsed from decide calls'
--- arguments, by their text, rg_nshapes of them. A call's six numbers per
+-- arguments, by their text (the six joined by single spaces: rategate's
+-- numbers hold none, so no other arguments give the same text),
+-- rg_nshapes of them. A call's six numbers per
 -- check are mostly a few rules' over and over, and tonumber costs Redis
 -- about 800 instructions each (C's strtod): callgrind, one FCALL of
 -- decide per request, one sliding_window rule 65,000 instructions per
@@ -113,11 +116,12 @@ end
 -- k0+n-1]; check j is shapes[j], {code, limit, period, burst, shadow, cost,
 -- algorithm, put} (decide_many.lua's shapes; rg_all makes them from
 -- ARGV), each with its algorithm (the callers refuse a request with an
--- unknown code before any check runs: a check may write at once). held[j] says that check j's key is held in io (records.lua).
--- before says whether every non-shadow check before i allowed. A check's
--- reply is two values when it allowed (remaining, reset) and three when it
--- denied (-remaining - 1, reset, retry): decide_many.lua's layout, which
--- rg_all spreads into decide.lua's.
+-- unknown code before any check runs: a check may write at once). held[j]
+-- says that check j's key is held in io (records.lua). before says whether
+-- every non-shadow check before i allowed. A check's reply is two values
+-- when it allowed (remaining, reset) and three when it denied (-remaining -
+-- 1, reset, retry): decide_many.lua's layout, which rg_all spreads into
+-- decide.lua's.
 --
 -- It returns whether the request is admitted (every non-shadow check
 -- allowed) and the index after the last value written, or nil and an error

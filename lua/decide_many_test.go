@@ -618,6 +618,12 @@ func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
 	}
 }
 
+// minuteRule is a check of algo at limit per minute (burst = limit), cost 1,
+// in decideArgv's order.
+func minuteRule(algo string, limit int64) [5]int64 {
+	return [5]int64{int64(Code(algo)), limit, 60_000_000, limit, 1}
+}
+
 // TestDeniedRequestLeavesRecords: a check before the one that denies a
 // request may have written its admission at once (rg_chain's count-only
 // writes) and takes it off again when the later check denies. The denied
@@ -631,10 +637,9 @@ func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
 // ways are checked; a script starts afresh on every call.
 func TestDeniedRequestLeavesRecords(t *testing.T) {
 	ctx := context.Background()
-	period := int64(60_000_000)
-	fw := [5]int64{int64(Code("fixed_window")), 10, period, 10, 1}
-	sw := [5]int64{int64(Code("sliding_window")), 10, period, 10, 1}
-	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
+	fw := minuteRule("fixed_window", 10)
+	sw := minuteRule("sliding_window", 10)
+	gate := minuteRule("fixed_window", 1)
 	for _, way := range []string{"FCALL decide", "EVALSHA decide", "decide_many"} {
 		client, lib := withLibrary(t)
 		// decide.lua's reply, asked the way named
@@ -723,9 +728,8 @@ func TestDeniedRequestLeavesRecords(t *testing.T) {
 func TestCarefulAfterUndo(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
-	period := int64(60_000_000)
-	fw := [5]int64{int64(Code("fixed_window")), 1000, period, 1000, 1}
-	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
+	fw := minuteRule("fixed_window", 1000)
+	gate := minuteRule("fixed_window", 1)
 	k := inSpace("careful")
 	now := time.Now().UnixMicro()
 	decide := func(keys []string, checks ...[5]int64) {
@@ -779,9 +783,9 @@ func TestCarefulAfterUndo(t *testing.T) {
 func TestUnknownCodeWritesNothing(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
-	period := int64(60_000_000)
-	fw := [5]int64{int64(Code("fixed_window")), 5, period, 5, 1}
-	bad := [5]int64{9, 5, period, 5, 1}
+	fw := minuteRule("fixed_window", 5)
+	bad := fw
+	bad[0] = 9
 	now := time.Now().UnixMicro()
 	for _, way := range []string{"FCALL decide", "EVALSHA decide", "FCALL decide_many", "EVALSHA decide_many"} {
 		k := inSpace(strings.ReplaceAll(way, " ", "_"))
@@ -824,10 +828,9 @@ func TestUnknownCodeWritesNothing(t *testing.T) {
 func TestScriptsHandBack(t *testing.T) {
 	client, _ := withLibrary(t)
 	ctx := context.Background()
-	period := int64(60_000_000)
-	fw := [5]int64{int64(Code("fixed_window")), 1000, period, 1000, 1}
-	sw := [5]int64{int64(Code("sliding_window")), 1000, period, 1000, 1}
-	gate := [5]int64{int64(Code("fixed_window")), 1, period, 1, 1}
+	fw := minuteRule("fixed_window", 1000)
+	sw := minuteRule("sliding_window", 1000)
+	gate := minuteRule("fixed_window", 1)
 	k := inSpace("scripts")
 	now := time.Now().UnixMicro()
 	run := func(keys []string, checks ...[5]int64) ([]any, error) {

@@ -53,9 +53,9 @@ end
 -- request of one check) writes an admission at once, and so does solo
 -- "count" (decide.lua's rg_chain) where only the count of the record
 -- there is changes (n, at byte 8: rg_chain takes it off again when
--- another rule denies);
--- otherwise an admission also returns what fixed_window_put needs (the new count, the end of the
--- window it is counted in, and whether the record is new: true, written
+-- another rule denies); otherwise an admission also returns what
+-- fixed_window_put needs (the new count, the end of the window it is
+-- counted in, and whether the record is new: true, written
 -- with its expiry; false, the window's first commit set the expiry
 -- already), then the remaining and reset a zero-cost look would report
 -- instead (for a request another rule denies). io, when given, holds the

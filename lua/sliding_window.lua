@@ -136,8 +136,8 @@ end
 -- request of one check) writes an admission at once, and so does solo
 -- "count" (decide.lua's rg_chain) where the record is this window's and
 -- only its current count changes (c, at byte 8: rg_chain takes it off
--- again when another rule denies); otherwise an admission that has something to write also
--- returns what sliding_window_put needs (the
+-- again when another rule denies); otherwise an admission that has
+-- something to write also returns what sliding_window_put needs (the
 -- current count's window end, the new current and previous counts, and
 -- when the record stops counting, which sets its expiry; false: the
 -- record is this window's, as stored, and only c changes), then the

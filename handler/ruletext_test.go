@@ -11,11 +11,10 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// TestRuleTextFollowsTheRules: the header text a scratch keeps per verdict
-// position is that of the rule now in that position, whether rules swap
-// places, come past the kept positions, or a rule of the same name comes
-// back with other numbers (a reload).
-func TestRuleTextFollowsTheRules(t *testing.T) {
+// ruleSets are the rules of successive answers: rules that swap places,
+// more than a scratch keeps, a rule of the same name with other numbers
+// (a reload), and the first set again.
+func ruleSets() [][]*limits.Rule {
 	rule := func(name string, limit int64, period time.Duration) *limits.Rule {
 		return &limits.Rule{Name: name, Limit: limit, Period: period, Burst: limit}
 	}
@@ -25,9 +24,17 @@ func TestRuleTextFollowsTheRules(t *testing.T) {
 		many = append(many, rule("r"+strconv.Itoa(i), int64(100-i), time.Duration(i+1)*time.Second))
 	}
 	reloaded := rule("a", 9, 2*time.Minute)
+	return [][]*limits.Rule{{a, b}, {b, a}, many, {a}, {reloaded}, {b, reloaded}, many[3:], {a, b}}
+}
+
+// TestRuleTextFollowsTheRules: the header text a scratch keeps per verdict
+// position is that of the rule now in that position, whether rules swap
+// places, come past the kept positions, or a rule of the same name comes
+// back with other numbers (a reload).
+func TestRuleTextFollowsTheRules(t *testing.T) {
 	var d canned
 	h := New(&d, nil, Options{})
-	for _, rules := range [][]*limits.Rule{{a, b}, {b, a}, many, {a}, {reloaded}, {b, reloaded}, many[3:], {a, b}} {
+	for _, rules := range ruleSets() {
 		d = canned{Admitted: true, Denier: -1}
 		var policy, rl []string
 		least := rules[0]
@@ -58,5 +65,22 @@ func TestRuleTextFollowsTheRules(t *testing.T) {
 		equal(t, strings.Join(policy, ", "), got("RateLimit-Policy"), "policy")
 		equal(t, strings.Join(rl, ", "), got("RateLimit"), "RateLimit")
 		equal(t, strconv.FormatInt(least.Limit, 10), got("X-RateLimit-Limit"), "limit of %s", least.Name)
+	}
+}
+
+// TestScratchRuleText: the same, on one scratch, without the pool (which
+// may hand another scratch back, and under -race drops some): every text
+// ruleText returns is the one of the rule asked for, through the same
+// sequence of rule sets.
+func TestScratchRuleText(t *testing.T) {
+	var s scratch
+	for _, rules := range ruleSets() {
+		for i, r := range rules {
+			q, w, _ := limits.PolicyWindow(r.Limit, r.Period)
+			text := s.ruleText(i, r)
+			equal(t, fmt.Sprintf("%q;q=%d;w=%d", r.Name, q, w), string(text.policy), "policy of %s at %d", r.Name, i)
+			equal(t, fmt.Sprintf("%q", r.Name), string(text.name()), "name of %s at %d", r.Name, i)
+			equal(t, strconv.FormatInt(r.Limit, 10), string(text.limit), "limit of %s at %d", r.Name, i)
+		}
 	}
 }

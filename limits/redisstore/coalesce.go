@@ -84,7 +84,8 @@ type CoalesceOptions struct {
 	// waits for more before sending, under load only: while the last
 	// batches carried two decisions or more on average (an idle service
 	// sends each decision at once). 0: send what is there. The zero value
-	// of CoalesceOptions means 0; config's default is 50µs (config/validate.go).
+	// of CoalesceOptions means 0; config's default is 50µs, or less where
+	// redis.timeout and overlap_after leave less (config/validate.go).
 	Wait time.Duration
 	// Overlap is how long every pipeline in flight must have waited before
 	// a runner sends another alongside (overlapWait says when it need not

@@ -240,13 +240,8 @@ func (c *DenyCache) KeyReset(ctx context.Context, key string) error {
 func (c *DenyCache) shard(h uint64) *denyShard { return &c.shards[h&c.mask] }
 
 // clock returns the cache's time in µs: nowUS when a test drives the store's
-// clock, otherwise this process's monotonic clock.
-func (c *DenyCache) clock(nowUS int64) int64 {
-	if nowUS != 0 {
-		return nowUS
-	}
-	return int64(time.Since(c.start) / time.Microsecond)
-}
+// clock, otherwise this process's monotonic clock, now.
+func (c *DenyCache) clock(nowUS int64) int64 { return c.clockAt(nowUS, time.Now()) }
 
 // clockAt is clock with the process's clock read at now (time.Now).
 func (c *DenyCache) clockAt(nowUS int64, now time.Time) int64 {

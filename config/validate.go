@@ -217,8 +217,10 @@ func validateRedis(d *decoder, r *rawRedis, out *Redis) {
 // spent inside every decision's budget, so they must leave most of
 // redis.timeout for Redis.
 func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Duration) {
+	half := timeout / 2
+	wait := min(defaultWait, timeout/4)
 	*out = Coalesce{Enabled: true, Pipelines: defaultPipelines, MaxBatch: defaultMaxBatch,
-		Wait: min(defaultWait, timeout/4), OverlapAfter: min(defaultOverlapAfter, timeout/2-min(defaultWait, timeout/4))}
+		Wait: wait, OverlapAfter: overlapDefault(half, wait)}
 	if c.Bad {
 		return
 	}
@@ -242,18 +244,28 @@ func validateCoalesce(d *decoder, c *rawCoalesce, out *Coalesce, timeout time.Du
 	// their sum, at most half of redis.timeout. A default gives way to
 	// the other one set long (a config that set only overlap_after, valid
 	// while wait defaulted to 0, stays valid).
-	half := timeout / 2
 	okWait := inBudget(d, &c.Wait, &out.Wait, "redis.coalesce.wait", timeout)
+	if !c.Overlap.Set {
+		out.OverlapAfter = overlapDefault(half, out.Wait)
+		return
+	}
+	okOverlap := inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout)
 	switch {
-	case !c.Overlap.Set:
-		out.OverlapAfter = max(min(defaultOverlapAfter, half-out.Wait), 0)
-	case !inBudget(d, &c.Overlap, &out.OverlapAfter, "redis.coalesce.overlap_after", timeout) || !okWait:
+	case !okWait || !okOverlap:
+		// reported by inBudget
 	case !c.Wait.Set:
+		// the default wait gives way to a long overlap_after
 		out.Wait = max(min(out.Wait, half-out.OverlapAfter), 0)
 	case out.Wait+out.OverlapAfter > half:
 		d.add(c.Overlap.Line, "redis.coalesce.overlap_after", "plus wait (%s) must be at most half of redis.timeout (%s), got %s",
 			FormatDuration(out.Wait), FormatDuration(timeout), FormatDuration(out.OverlapAfter))
 	}
+}
+
+// overlapDefault is overlap_after when unset: its default, or less where
+// wait leaves less of half of redis.timeout.
+func overlapDefault(half, wait time.Duration) time.Duration {
+	return max(min(defaultOverlapAfter, half-wait), 0)
 }
 
 // inBudget takes a wait spent inside a decision's budget into out, when

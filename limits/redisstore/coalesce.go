@@ -1007,8 +1007,9 @@ func (m *manyScratch) shapeOf(sh shape) int {
 // that.
 func (m *manyScratch) comboOf(idx []int) int {
 	n := len(m.starts) - 1
+	var e *comboAt // idx's entry from an earlier batch, once the map is used
 	if m.byCombo != nil && n > manyScanShapes {
-		if e := m.byCombo[string(m.comboKey(idx))]; e != nil && e.gen == m.gen {
+		if e = m.byCombo[string(m.comboKey(idx))]; e != nil && e.gen == m.gen {
 			return e.at
 		}
 	} else {
@@ -1022,9 +1023,12 @@ func (m *manyScratch) comboOf(idx []int) int {
 	m.starts = append(m.starts, len(m.combos))
 	at := n
 	switch {
-	case n+1 > manyScanShapes+1:
-		m.indexCombo(idx, at)
-	case n+1 == manyScanShapes+1:
+	case n > manyScanShapes && e != nil:
+		e.gen, e.at = m.gen, at
+	case n > manyScanShapes:
+		// m.key is still idx's, from the look-up above
+		m.byCombo[string(m.key)] = &comboAt{gen: m.gen, at: at}
+	case n == manyScanShapes:
 		if m.byCombo == nil {
 			m.byCombo = make(map[string]*comboAt)
 		}

@@ -82,9 +82,14 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	if len(method) == 0 {
 		method = hdr.Method()
 	}
-	host := hdr.PeekCanonical(h.hostHeader)
-	if len(host) == 0 {
-		host = hdr.Host()
+	// An absolute URL (ingress-nginx's X-Original-URL) names the host
+	// NGINX served; a client-sent X-Original-Host cannot say another.
+	host, fromURL := limits.URLHost(uri)
+	if !fromURL {
+		host = hdr.PeekCanonical(h.hostHeader)
+		if len(host) == 0 {
+			host = hdr.Host()
+		}
 	}
 	// Host names are case-insensitive; one host must be one counter.
 	s.host = appendLower(s.host[:0], host)

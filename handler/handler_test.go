@@ -266,9 +266,14 @@ func TestIdentity(t *testing.T) {
 	ts.auth(t, "X-Original-URI", "/a/../b//c?q=1", "X-Real-IP", "::ffff:192.0.2.1", "Host", "Fallback.Example")
 	equal(t, "method=GET route=/b/c host=fallback.example ip=192.0.2.1 user= cost=0", <-rec.got)
 
-	ts.auth(t, "X-Original-URI", "http://h/%7euser", "X-Real-IP", " 2001:DB8::1 ",
+	ts.auth(t, "X-Original-URI", "/%7euser", "X-Real-IP", " 2001:DB8::1 ",
 		"X-Original-Method", "POST", "X-Original-Host", "API.example.com", "X-User-Id", "alice", "X-Cost", "7")
 	equal(t, "method=POST route=/~user host=api.example.com ip=2001:db8::/64 user=alice cost=7", <-rec.got)
+
+	// An absolute URI names its host (NGINX's $request_uri never is one;
+	// ingress-nginx's X-Original-URL always is).
+	ts.auth(t, "X-Original-URI", "http://H./%7euser", "X-Real-IP", "192.0.2.1", "X-Original-Host", "API.example.com")
+	equal(t, "method=GET route=/~user host=h ip=192.0.2.1 user= cost=0", <-rec.got)
 }
 
 // TestHeaderNamesAnyCase: header names are case-insensitive, in the config

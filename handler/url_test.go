@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,19 +28,37 @@ func ingress(url, ip string, more ...string) []string {
 func TestOriginalURL(t *testing.T) {
 	rec := &recorder{got: make(chan string, 1)}
 	ts := serve(t, New(rec, nil, Options{}))
-	for _, tt := range []struct{ url, route string }{
-		{"https://shop.example.com/x/..%2Fadmin?q=1", "/admin"},
-		{"http://shop.example.com:8080//admin/./list", "/admin/list"},
-		{"https://shop.example.com", "/"},
-		{"https://h/?next=x", "/"},
-		{"/admin?q", "/admin"}, // a path alone is fine too
+	for _, tt := range []struct{ url, route, host string }{
+		{"https://shop.example.com/x/..%2Fadmin?q=1", "/admin", "shop.example.com"},
+		{"http://Shop.Example.com.:8080//admin/./list", "/admin/list", "shop.example.com"},
+		{"https://shop.example.com", "/", "shop.example.com"},
+		{"https://h/?next=x", "/", "h"},
+		{"/admin?q", "/admin", "auth.example"}, // a path alone is fine too (no host in it)
 	} {
 		equal(t, 204, ts.auth(t, ingress(tt.url, "192.0.2.1")...).status, "%s", tt.url)
-		equal(t, "method=GET route="+tt.route+" host=auth.example ip=192.0.2.1 user= cost=0", recv(t, rec.got), "%s", tt.url)
+		equal(t, "method=GET route="+tt.route+" host="+tt.host+" ip=192.0.2.1 user= cost=0", recv(t, rec.got), "%s", tt.url)
 	}
 	// X-Original-URI, when present, wins.
 	ts.auth(t, ingress("https://h/from-url", "192.0.2.1", "X-Original-URI", "/from-uri")...)
 	equal(t, "method=GET route=/from-uri host=auth.example ip=192.0.2.1 user= cost=0", recv(t, rec.got))
+	// ingress-nginx passes the client's own headers on: an X-Original-Host
+	// of the client's cannot name another host than the URL's.
+	ts.auth(t, ingress("https://shop.example.com/a", "192.0.2.1", "X-Original-Host", "other.example")...)
+	equal(t, "method=GET route=/a host=shop.example.com ip=192.0.2.1 user= cost=0", recv(t, rec.got))
+}
+
+// TestOriginalURLHostRule: a rule matched on a host applies to ingress
+// requests for that host (X-Original-URL's), whatever X-Original-Host the
+// client sends along.
+func TestOriginalURLHostRule(t *testing.T) {
+	r := rule("shop", 2, time.Minute, limits.KeyIP)
+	r.Match.Host = "shop.example.com"
+	ts := pinned(t, Options{}, r)
+	for i, want := range []int{204, 204, 429} {
+		equal(t, want, ts.auth(t, ingress("https://shop.example.com/api", "192.0.2.1", "X-Original-Host", fmt.Sprint("spoof", i, ".example"))...).status,
+			"request %d", i+1)
+	}
+	equal(t, 204, ts.auth(t, ingress("https://other.example/api", "192.0.2.1")...).status, "another host: no rule")
 }
 
 // recv is what the recorder saw, or "" when nothing was decided.

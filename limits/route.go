@@ -207,5 +207,37 @@ func schemeLen(b []byte) int {
 // absolute-form target, or X-Original-URL).
 func IsAbsoluteURL(b []byte) bool { return schemeLen(b) > 0 }
 
+// URLHost returns the host an absolute URL names, as NGINX makes $host of
+// the same Host header: the authority up to its port (outside an IPv6
+// literal's brackets), less one trailing dot; the caller lowercases it.
+// ok is false when b is not an absolute URL. (ingress-nginx's
+// X-Original-URL carries the client's Host header there, while the client
+// may send any X-Original-Host of its own.)
+func URLHost(b []byte) (host []byte, ok bool) {
+	n := schemeLen(b)
+	if n == 0 {
+		return nil, false
+	}
+	a := b[n:]
+	if j := bytes.IndexAny(a, "/?#"); j >= 0 {
+		a = a[:j]
+	}
+	literal := false
+	for i, c := range a {
+		if c == '[' && i == 0 {
+			literal = true
+		} else if c == ']' {
+			literal = false
+		} else if c == ':' && !literal {
+			a = a[:i]
+			break
+		}
+	}
+	if len(a) > 0 && a[len(a)-1] == '.' {
+		a = a[:len(a)-1]
+	}
+	return a, true
+}
+
 func isAlpha(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

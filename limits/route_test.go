@@ -176,3 +176,32 @@ func TestAmbiguousURL(t *testing.T) {
 		}
 	}
 }
+
+// TestURLHost: an absolute URL's host as NGINX makes $host of the same
+// Host header (checked against nginx 1.22: "Api.Example.com.:8080" is
+// api.example.com, "[::1]:8080" is [::1], "a:b:c" is a, "a@b" stays a@b).
+func TestURLHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://shop.example.com/x?q=1": "shop.example.com",
+		"http://Api.Example.com.:8080/":  "Api.Example.com",
+		"http://[::1]:8080/x":            "[::1]",
+		"http://[2001:db8::1]/x":         "[2001:db8::1]",
+		"http://a:b:c/x":                 "a",
+		"http://a@b/x":                   "a@b",
+		"https://h":                      "h",
+		"https://h?x":                    "h",
+		"http:///x":                      "",
+		"http://./x":                     "",
+		"x://":                           "",
+	} {
+		got, ok := URLHost([]byte(in))
+		if !ok || string(got) != want {
+			t.Errorf("URLHost(%q) = %q, %v; want %q, true", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{"/x", "h/x", "", "//h/x", "1http://h/"} {
+		if got, ok := URLHost([]byte(in)); ok {
+			t.Errorf("URLHost(%q) = %q, true; want not an absolute URL", in, got)
+		}
+	}
+}

@@ -30,7 +30,7 @@ import (
 // dead store waits the whole budget, and a frozen Redis would cost one such
 // request per pause forever. The probe waits instead, off the request path.
 // Why half-open at all: PING can answer while decisions cannot (Redis
-// OOM, MISCONF, READONLY after a failover), so one real call
+// MISCONF, READONLY after a failover), so one real call
 // confirms before every call goes back to the store.
 
 // BreakerState is the state of a Breaker. Its numeric value is what a gauge

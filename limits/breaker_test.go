@@ -296,7 +296,7 @@ func TestIsStoreFailure(t *testing.T) {
 		{fmt.Errorf("x: %w", replyError("BUSY Redis is busy running a script.")), true},
 		{replyError("READONLY You can't write against a read only replica."), true},
 		{replyError("MASTERDOWN Link with MASTER is down"), true},
-		{replyError("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{replyError("OOM command not allowed when used memory > 'maxmemory'."), false},
 		{replyError("MISCONF Redis is configured to save RDB snapshots"), true},
 		{replyError("NOAUTH Authentication required."), true},
 		{replyError("CLUSTERDOWN The cluster is down"), true},

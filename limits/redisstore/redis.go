@@ -741,10 +741,13 @@ func IsTimeout(err error) bool { return ErrorKind(err) == limits.KindTimeout }
 // uses (BreakerOptions.IsFailure). It reports whether err means the store
 // cannot decide right now: a timeout, a connection error, or a Redis reply
 // saying the server is not usable (LOADING, BUSY, MASTERDOWN, READONLY,
-// OOM, MISCONF, NOAUTH, WRONGPASS, NOPERM, CLUSTERDOWN, TRYAGAIN,
-// NOREPLICAS, max clients). Other Redis replies (a script error, NOSCRIPT,
-// WRONGTYPE) prove the server answers and are not failures; nor is
-// context.Canceled (the caller gave up).
+// MISCONF, NOAUTH, WRONGPASS, NOPERM, CLUSTERDOWN, TRYAGAIN, NOREPLICAS,
+// max clients). Other Redis replies (a script error, NOSCRIPT, WRONGTYPE)
+// prove the server answers and are not failures; nor is context.Canceled
+// (the caller gave up). Nor is OOM: a Redis at maxmemory with noeviction
+// answers, and clients can fill it (every new address or route of a rule
+// keyed on one is a key); taken for down, it would hand every request to
+// failure_mode. Each decision it refuses is the local fallback's instead.
 func IsStoreFailure(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
 		return false
@@ -756,7 +759,7 @@ func IsStoreFailure(err error) bool {
 	msg := re.Error()
 	word, _, _ := strings.Cut(msg, " ")
 	switch word {
-	case "LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "MISCONF",
+	case "LOADING", "BUSY", "MASTERDOWN", "READONLY", "MISCONF",
 		"NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS":
 		return true
 	}

@@ -574,6 +574,34 @@ func TestDuplicateRuleHeaderThroughNginx(t *testing.T) {
 	}
 }
 
+// TestManyRulesThroughNginx: a client chooses how many rules its request
+// matches (here by sending X-Tier), and NGINX reads rategate's answer head
+// into 4 KiB. Forty matching rules of 64-character names once made the
+// head too big: NGINX answered itself 502, which the shipped config lets
+// through as rategate unavailable, so every denial became an admission.
+// The rate-limit headers are bounded: the limit holds.
+func TestManyRulesThroughNginx(t *testing.T) {
+	m := startMini(t)
+	var rules strings.Builder
+	for i := range 40 {
+		limit := 1_000_000
+		if i == 0 {
+			limit = 2
+		}
+		fmt.Fprintf(&rules, "    - name: r%02d-%s\n      match: {path: /user/, header: {X-Tier: gold}}\n      key: [ip]\n"+
+			"      algorithm: fixed_window\n      limit: %d\n      period: 24h\n", i, strings.Repeat("x", 60), limit)
+	}
+	rg := m.rategate(t, "rategate", policy(429, "many", "", rules.String()))
+	nx := startNginx(t, "many", "nginx.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr})
+	needWindow(t, window, 30*time.Second)
+	gold := request{Path: "/user/feed", Header: []string{"X-User: erin", "X-Tier: gold"}}
+	for i, want := range []int{200, 200, 429, 429, 429} {
+		if r := nx.do(t, gold); r.Status != want {
+			t.Errorf("request %d: %d, want %d", i+1, r.Status, want)
+		}
+	}
+}
+
 // ---- 4. a denial in the logs --------------------------------------------------
 
 // TestDenialLogs: rategate's line for a denial carries the rule, every

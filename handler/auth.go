@@ -239,9 +239,8 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 	d := &s.dec
 	resp := &ctx.Response.Header
 
-	// RateLimit-Policy, and the verdict with the least remaining quota.
+	// The verdict with the least remaining quota (X-RateLimit-*).
 	best := -1
-	buf := s.buf[:0]
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
 		if v.Rule.Shadow {
@@ -250,35 +249,17 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, s *scratch) {
 			}
 			continue
 		}
-		if best >= 0 {
-			buf = append(buf, ", "...)
-		}
-		buf = append(buf, s.ruleText(i, v.Rule).policy...)
 		if best < 0 || v.Result.Remaining < d.Verdicts[best].Result.Remaining {
 			best = i
 		}
 	}
+	buf := s.buf[:0]
 	if best >= 0 {
+		var list []byte
+		buf, list = s.appendLists(buf, d, best)
 		resp.SetCanonical(hdrPolicy, buf)
-
-		buf = buf[:0]
-		first := true
-		for i := range d.Verdicts {
-			v := &d.Verdicts[i]
-			if v.Rule.Shadow {
-				continue
-			}
-			if !first {
-				buf = append(buf, ", "...)
-			}
-			first = false
-			buf = append(buf, s.ruleText(i, v.Rule).name()...)
-			buf = append(buf, ";r="...)
-			buf = strconv.AppendInt(buf, max(v.Result.Remaining, 0), 10)
-			buf = append(buf, ";t="...)
-			buf = strconv.AppendInt(buf, usToSeconds(v.Result.ResetUS), 10)
-		}
-		resp.SetCanonical(hdrRateLimit, buf)
+		resp.SetCanonical(hdrRateLimit, list)
+		s.list = list
 
 		b := &d.Verdicts[best]
 		resp.SetCanonical(hdrLimit, s.ruleText(best, b.Rule).limit)
@@ -462,6 +443,63 @@ func appendLower(dst, b []byte) []byte {
 		dst = append(dst, c)
 	}
 	return dst
+}
+
+// maxListBytes bounds each of RateLimit-Policy and RateLimit. A client
+// chooses how many rules its request matches (a header or a path a rule
+// matches on), and NGINX reads the answer's head into one buffer (4 KiB
+// by default, proxy_buffer_size): a head that does not fit is a 502 to
+// NGINX, which the shipped configs let through as rategate unavailable,
+// and which makes NGINX take the instance for down. Two lists of 1 KiB
+// and the rest of the head fit with room to spare.
+const maxListBytes = 1024
+
+// appendLists writes RateLimit-Policy's items to pol and RateLimit's to
+// list (s.list's space): one per non-shadow verdict, in rule order, while
+// both stay within maxListBytes; the items of the verdict with the least
+// remaining quota (best) and of the one that denied always, the others'
+// room kept for them.
+func (s *scratch) appendLists(pol []byte, d *limits.Decision, best int) (_, list []byte) {
+	list = s.list[:0]
+	must := func(i int) bool { return i == best || (!d.Admitted && i == d.Denier) }
+	var resPol, resList int // room kept for the must items not yet written
+	for i := range d.Verdicts {
+		if must(i) {
+			s.item = appendRateLimitItem(s.item[:0], s, i, &d.Verdicts[i])
+			resPol += 2 + len(s.ruleText(i, d.Verdicts[i].Rule).policy)
+			resList += 2 + len(s.item)
+		}
+	}
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if v.Rule.Shadow {
+			continue
+		}
+		p := s.ruleText(i, v.Rule).policy
+		s.item = appendRateLimitItem(s.item[:0], s, i, v)
+		if must(i) {
+			resPol -= 2 + len(p)
+			resList -= 2 + len(s.item)
+		} else if len(pol)+2+len(p)+resPol > maxListBytes || len(list)+2+len(s.item)+resList > maxListBytes {
+			continue
+		}
+		if len(list) > 0 {
+			pol = append(pol, ", "...)
+			list = append(list, ", "...)
+		}
+		pol = append(pol, p...)
+		list = append(list, s.item...)
+	}
+	return pol, list
+}
+
+// appendRateLimitItem appends verdict v's RateLimit item (v is the i-th).
+func appendRateLimitItem(dst []byte, s *scratch, i int, v *limits.Verdict) []byte {
+	dst = append(dst, s.ruleText(i, v.Rule).name()...)
+	dst = append(dst, ";r="...)
+	dst = strconv.AppendInt(dst, max(v.Result.Remaining, 0), 10)
+	dst = append(dst, ";t="...)
+	return strconv.AppendInt(dst, usToSeconds(v.Result.ResetUS), 10)
 }
 
 // ruleText is what the rate-limit headers say of one rule, formatted once:

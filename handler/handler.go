@@ -165,7 +165,9 @@ type scratch struct {
 	ip    []byte
 	host  []byte
 	buf   []byte
-	ctx   *deadlineCtx
+	// list is RateLimit's text, item one RateLimit item's (appendLists).
+	list, item []byte
+	ctx        *deadlineCtx
 	// rules holds the header text of the rules of recent answers, by
 	// verdict position (ruleText); spare is for the positions past it.
 	rules []ruleText

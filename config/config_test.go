@@ -742,6 +742,25 @@ func TestDescribeWarnsAboutSubSecondPolicies(t *testing.T) {
 	}
 }
 
+// TestDescribeWarnsAboutLongTimeout: a redis.timeout past what the shipped
+// NGINX configs wait for rategate gets a warning; the default none.
+func TestDescribeWarnsAboutLongTimeout(t *testing.T) {
+	for timeout, want := range map[string]int{"": 0, "200ms": 0, "300ms": 1, "2s": 1} {
+		y := "redis:\n  url: redis://127.0.0.1:6379/0\n"
+		if timeout != "" {
+			y += "  timeout: " + timeout + "\n"
+		}
+		c, err := Parse("t.yaml", []byte(y+"rules:\n  - {name: minute, algorithm: fixed_window, limit: 5, period: 1m}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		desc := c.Describe()
+		if n := strings.Count(desc, "warning:"); n != want || (want == 1 && !strings.Contains(desc, "redis.timeout "+timeout+": the shipped NGINX configs wait 250ms")) {
+			t.Errorf("timeout %q: %d warnings, want %d:\n%s", timeout, n, want, desc)
+		}
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "nope.yaml")
 	_, err := Load(path)

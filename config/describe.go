@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/rategate/rategate/limits"
 )
@@ -12,6 +13,11 @@ import (
 // source, the store, the failure mode, the identity headers and one block per
 // rule with every effective value (defaults filled in). Secrets (passwords,
 // the admin token) are never printed.
+// nginxWaitMargin is the longest redis.timeout that leaves rategate time
+// to answer by the local fallback within the 250ms the shipped NGINX
+// configs wait for it.
+const nginxWaitMargin = 200 * time.Millisecond
+
 func (c *Config) Describe() string {
 	var b strings.Builder
 	line := func(label, format string, args ...any) {
@@ -32,6 +38,11 @@ func (c *Config) Describe() string {
 	}
 	line("store", "%s", c.Redis.describe())
 	if c.Redis.URL != "" || len(c.Redis.ClusterAddrs) > 0 || c.Redis.Sentinel.Master != "" {
+		if c.Redis.Timeout > nginxWaitMargin {
+			line("warning", "redis.timeout %s: the shipped NGINX configs wait 250ms for rategate (proxy_read_timeout), "+
+				"so a slow Redis would let requests through NGINX as rategate unavailable before the local fallback answers; "+
+				"keep it at %s or less, or raise proxy_read_timeout with it", FormatDuration(c.Redis.Timeout), FormatDuration(nginxWaitMargin))
+		}
 		line("coalesce", "%s", c.Redis.describeCoalesce())
 		if c.Redis.Functions {
 			line("scripts", "FCALL of the function library on servers that run Redis Functions, EVALSHA on the others")

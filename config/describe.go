@@ -9,15 +9,15 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// Describe returns the configuration as `rategate -check` prints it: the
-// source, the store, the failure mode, the identity headers and one block per
-// rule with every effective value (defaults filled in). Secrets (passwords,
-// the admin token) are never printed.
 // nginxWaitMargin is the longest redis.timeout that leaves rategate time
 // to answer by the local fallback within the 250ms the shipped NGINX
 // configs wait for it.
 const nginxWaitMargin = 200 * time.Millisecond
 
+// Describe returns the configuration as `rategate -check` prints it: the
+// source, the store, the failure mode, the identity headers and one block per
+// rule with every effective value (defaults filled in). Secrets (passwords,
+// the admin token) are never printed.
 func (c *Config) Describe() string {
 	var b strings.Builder
 	line := func(label, format string, args ...any) {

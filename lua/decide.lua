@@ -28,13 +28,12 @@
 -- burst, shadow, cost, algorithm, put}) parsed from decide calls'
 -- arguments, by their text (the six joined by single spaces: rategate's
 -- numbers hold none, so no other arguments give the same text),
--- rg_nshapes of them. A call's six numbers per
--- check are mostly a few rules' over and over, and tonumber costs Redis
--- about 800 instructions each (C's strtod): callgrind, one FCALL of
--- decide per request, one sliding_window rule 65,000 instructions per
--- decision, three 158,000, of which strtod 15,000. In the library the
--- table lives as long as the library (emptied at 4096 shapes); a script's
--- lasts one call.
+-- rg_nshapes of them. A call's six numbers per check are mostly a few
+-- rules' over and over, and tonumber costs Redis about 800 instructions
+-- each (C's strtod): callgrind, one FCALL of decide per request, one
+-- sliding_window rule 65,000 instructions per decision, three 158,000, of
+-- which strtod 15,000. In the library the table lives as long as the
+-- library (emptied at 4096 shapes); a script's lasts one call.
 local rg_shapes, rg_nshapes = {}, 0
 
 -- rg_shape returns the shape of the check whose six numbers start at

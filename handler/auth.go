@@ -455,12 +455,35 @@ func appendLower(dst, b []byte) []byte {
 const maxListBytes = 1024
 
 // appendLists writes RateLimit-Policy's items to pol and RateLimit's to
-// list (s.list's space): one per non-shadow verdict, in rule order, while
-// both stay within maxListBytes; the items of the verdict with the least
-// remaining quota (best) and of the one that denied always, the others'
-// room kept for them.
+// list (s.list's space): one per non-shadow verdict, in rule order; past
+// maxListBytes, as appendBounded keeps them.
 func (s *scratch) appendLists(pol []byte, d *limits.Decision, best int) (_, list []byte) {
 	list = s.list[:0]
+	start := len(pol)
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if v.Rule.Shadow {
+			continue
+		}
+		if len(list) > 0 {
+			pol = append(pol, ", "...)
+			list = append(list, ", "...)
+		}
+		pol = append(pol, s.ruleText(i, v.Rule).policy...)
+		list = appendRateLimitItem(list, s, i, v)
+	}
+	if len(pol)-start <= maxListBytes && len(list) <= maxListBytes {
+		return pol, list
+	}
+	return s.appendBounded(pol[:start], list[:0], d, best)
+}
+
+// appendBounded is appendLists past maxListBytes: the items of the verdict
+// with the least remaining quota (best) and of the one that denied
+// always, room kept for them, and the others in rule order while both
+// lists stay within maxListBytes.
+func (s *scratch) appendBounded(pol, list []byte, d *limits.Decision, best int) (_, _ []byte) {
+	start := len(pol)
 	must := func(i int) bool { return i == best || (!d.Admitted && i == d.Denier) }
 	var resPol, resList int // room kept for the must items not yet written
 	for i := range d.Verdicts {
@@ -480,7 +503,7 @@ func (s *scratch) appendLists(pol []byte, d *limits.Decision, best int) (_, list
 		if must(i) {
 			resPol -= 2 + len(p)
 			resList -= 2 + len(s.item)
-		} else if len(pol)+2+len(p)+resPol > maxListBytes || len(list)+2+len(s.item)+resList > maxListBytes {
+		} else if len(pol)-start+2+len(p)+resPol > maxListBytes || len(list)+2+len(s.item)+resList > maxListBytes {
 			continue
 		}
 		if len(list) > 0 {

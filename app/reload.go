@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 
@@ -16,7 +17,9 @@ import (
 // handler is swapped in). A changed setting that takes a restart (a listener, anything about
 // the store, the deny cache, the log level) is named field by field in the
 // result and the log, and keeps its old value. An invalid file changes
-// nothing; the error is config.Errors with every problem.
+// nothing; the error is config.Errors with every problem. So does a file
+// without a rules list (an empty one, say) while rules run: it takes
+// "rules: []" to remove them all.
 func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	if a.opts.ConfigPath == "" {
 		return admin.ReloadResult{}, admin.ErrNoConfigFile
@@ -24,6 +27,13 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	a.cfgMu.Lock()
 	defer a.cfgMu.Unlock()
 	next, err := config.Load(a.opts.ConfigPath)
+	if err == nil && !next.RulesListed && len(a.cfg.Rules) > 0 {
+		// A file being written looks like this for a moment (an editor or
+		// a tool that truncates, then writes): taken as is, it would stop
+		// limiting everyone. Removing every rule has to be said.
+		err = config.Errors{fmt.Errorf("%s: rules: missing (an empty file, or \"rules:\" with nothing under it) while %d rules run; "+
+			"write \"rules: []\" to remove every rule", a.opts.ConfigPath, len(a.cfg.Rules))}
+	}
 	if err != nil {
 		a.metrics.Reloaded(false)
 		ev := a.log.Error().Str("config", a.opts.ConfigPath).Str("trigger", trigger)

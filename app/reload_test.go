@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,5 +106,72 @@ func TestMemoryMaxKeys(t *testing.T) {
 	flood(5000, 10000)
 	if n := mem[0].Len(); n <= 640 || n > 6400 {
 		t.Fatalf("%d keys after 5,000 more routes with memory_max_keys 6400, want more than 640 and at most 6400", n)
+	}
+}
+
+// TestReloadKeepsRulesOnAFileWithoutThem: a file with no rules list (empty,
+// comments only, "---", or "rules:" with nothing under it) is what a file
+// being truncated and rewritten looks like for a moment. A reload of it
+// must keep the running rules, not stop limiting everyone; "rules: []"
+// removes them, said in so many words.
+func TestReloadKeepsRulesOnAFileWithoutThem(t *testing.T) {
+	const rules = `rules:
+  - name: per-ip
+    key: [ip]
+    algorithm: fixed_window
+    limit: 2
+    period: 1h
+`
+	path := filepath.Join(t.TempDir(), "rategate.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(rules)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	admitted := func() bool {
+		var d limits.Decision
+		req := limits.Request{Route: []byte("/"), IP: []byte("192.0.2.1")}
+		if err := a.Limiter().Decide(context.Background(), &req, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Admitted
+	}
+	for i := range 2 {
+		if !admitted() {
+			t.Fatalf("request %d of 2 denied", i+1)
+		}
+	}
+	for _, empty := range []string{"", "\n", "# being rewritten\n", "---\n", "rules:\n", "log_level: info\n"} {
+		write(empty)
+		_, err := a.Reload("test")
+		var list config.Errors
+		if !errors.As(err, &list) || !strings.Contains(err.Error(), `"rules: []"`) {
+			t.Fatalf("reload of %q: %v, want config.Errors saying how to remove every rule", empty, err)
+		}
+		if admitted() {
+			t.Fatalf("after the refused reload of %q, a third request was admitted", empty)
+		}
+	}
+	write("rules: []\n")
+	if res, err := a.Reload("test"); err != nil || res.Rules != 0 {
+		t.Fatalf(`reload of "rules: []": %+v, %v; want every rule removed`, res, err)
+	}
+	if !admitted() {
+		t.Fatal(`after "rules: []" a request was denied`)
+	}
+	// With no rules running, a file without them changes nothing to refuse.
+	write("")
+	if _, err := a.Reload("test"); err != nil {
+		t.Fatalf("reload of an empty file with no rules running: %v", err)
 	}
 }

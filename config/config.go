@@ -65,6 +65,11 @@ type Config struct {
 	IdentityOverrides IdentityOverrides
 	// Rules are the compiled rules in file order; never nil.
 	Rules []*limits.Rule
+	// RulesListed is true when the file has a rules list, even an empty
+	// one ("rules: []"); false for an empty file, one without the key, or
+	// "rules:" with nothing under it. A reload does not take the rules
+	// away on a file that does not say so (app.Reload).
+	RulesListed bool
 }
 
 // DenyCache is `deny_cache:`: an identity Redis denied is answered

@@ -373,6 +373,7 @@ func TestLoadFull(t *testing.T) {
 		LocalShare:        4,
 		DenyCache:         DenyCache{Enabled: false, MaxEntries: 5000},
 		IdentityOverrides: IdentityOverrides{MaxEntries: 100_000},
+		RulesListed:       true,
 		DenyStatus:        403,
 		MemoryMaxKeys:     50000,
 		Admin:             Admin{Token: "s3cret", Listen: "127.0.0.1:9091"},

@@ -94,9 +94,12 @@ func (c *Config) Describe() string {
 	line("headers", "uri %s (else url %s), method %s, host %s, cost %s, request id %s",
 		id.URIHeader, id.URLHeader, id.MethodHeader, id.HostHeader, cost, id.RequestIDHeader)
 	line("overrides", "up to %d runtime identity overrides, all rules together (PUT /v1/rules/{rule}/identities)", c.IdentityOverrides.MaxEntries)
-	if len(c.Rules) == 0 {
+	switch {
+	case !c.RulesListed:
+		line("rules", "none: the file has no rules list (every request is allowed; a reload to this file is refused while rules run, \"rules: []\" is not)")
+	case len(c.Rules) == 0:
 		line("rules", "none (every request is allowed)")
-	} else {
+	default:
 		line("rules", "%d, every matching rule is evaluated", len(c.Rules))
 	}
 	for _, r := range c.Rules {

@@ -143,6 +143,7 @@ func validate(d *decoder, raw *rawConfig) *Config {
 	}
 	validateIdentity(d, &raw.Identity, &c.Identity)
 	validateIdentityOverrides(d, &raw.IdentityOvr, &c.IdentityOverrides)
+	c.RulesListed = raw.Rules.V != nil
 	if raw.Rules.ok() {
 		names := map[string]int{}
 		for i := range raw.Rules.V {

@@ -70,9 +70,9 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 		return append([]byte(nil), args.Peek(name)...), true
 	}
 	if args.Has("ip") {
-		a, err := netip.ParseAddr(string(args.Peek("ip")))
+		a, err := parseClientIP(string(args.Peek("ip")), ipv6Prefix)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("ip: %q is not an IP address", args.Peek("ip")))
+			problems = append(problems, "ip: "+err.Error())
 		} else {
 			// The same ip dimension /auth uses: an IPv6 address is its network.
 			req.IP = limits.AppendIPIdentity(nil, a, ipv6Prefix)
@@ -88,6 +88,9 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 		case limits.KeyUser:
 			if args.Has("user") && len(args.Peek("user")) > 0 {
 				req.User = append([]byte(nil), args.Peek("user")...)
+				if msg := limits.HeaderValueProblem(string(req.User)); msg != "" {
+					problems = append(problems, fmt.Sprintf("user: %q %s: no request is this user", req.User, msg))
+				}
 			} else if r.Anonymous == limits.AnonymousSkip {
 				problems = append(problems, fmt.Sprintf("user: rule %q skips anonymous requests; give ?user=", r.Name))
 			} else if !args.Has("ip") {
@@ -104,6 +107,9 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 		case limits.KeyHost:
 			if v, ok := need("host"); ok {
 				req.Host = []byte(strings.ToLower(string(v)))
+				if msg := limits.HeaderValueProblem(string(v)); msg != "" {
+					problems = append(problems, fmt.Sprintf("host: %q %s: no request has this host", v, msg))
+				}
 			}
 		case limits.KeyHeader:
 			param := "header." + p.Header
@@ -112,6 +118,9 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 				problems = append(problems, fmt.Sprintf("%s: rule %q is keyed on header %s; give ?%s= (empty for requests without it)", param, r.Name, p.Header, param))
 				continue
 			}
+			if msg := limits.HeaderValueProblem(string(v)); msg != "" {
+				problems = append(problems, fmt.Sprintf("%s: %q %s: no request sends this value", param, v, msg))
+			}
 			hdrs[p.Header] = v
 		}
 	}
@@ -119,6 +128,22 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 		return nil, problemList(problems)
 	}
 	return req, nil
+}
+
+// parseClientIP reads ?ip=: an address, or an IPv6 client's network as
+// keys, logs and lists write it (2001:db8:1:2::/64, at identity.ipv6_prefix).
+func parseClientIP(v string, ipv6Prefix int) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(v); err == nil {
+		return a, nil
+	}
+	p, err := netip.ParsePrefix(v)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%q is not an IP address", v)
+	}
+	if !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() != ipv6Prefix || p.Masked() != p {
+		return netip.Addr{}, fmt.Errorf("%q is a network: give one address, or an IPv6 client's network as keys write it (its /%d, identity.ipv6_prefix)", v, ipv6Prefix)
+	}
+	return p.Addr(), nil
 }
 
 // peekFold finds a query parameter by case-insensitive name.

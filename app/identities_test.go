@@ -2,13 +2,17 @@ package app
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rategate/rategate/admin"
+	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/memstore"
@@ -75,6 +79,16 @@ func TestIdentityAPIBadInput(t *testing.T) {
 		{"GET", "/v1/rules/api/identities?bogus=1", ``, 400, []string{"bogus: unknown parameter"}},
 		{"POST", "/v1/rules/api/identities?user=a", `{}`, 405, []string{"use GET or PUT or DELETE"}},
 		{"PUT", "/v1/rules/global/identities", `{"limit":5}`, 400, []string{"global\\\" is keyed on nothing", "PUT /v1/rules/global/override"}},
+		// Identities no request can have: HTTP trims a header value, and
+		// /auth refuses a control byte in one.
+		{"PUT", "/v1/rules/api/identities?user=%20acme", `{"limit":5}`, 400, []string{`user: \" acme\" starts or ends with white space`}},
+		{"PUT", "/v1/rules/api/identities?user=acme%09", `{"limit":5}`, 400, []string{`starts or ends with white space`}},
+		{"PUT", "/v1/rules/api/identities?user=a%00b", `{"limit":5}`, 400, []string{`holds the control byte 0x00`}},
+		{"PUT", "/v1/rules/multi/identities?ip=192.0.2.1&header.X-Plan=gold%20", `{"limit":5}`, 400, []string{`header.X-Plan: \"gold \" starts or ends`}},
+		// An IPv6 client's network is accepted only as keys write it.
+		{"PUT", "/v1/rules/multi/identities?ip=2001:db8::/48&header.X-Plan=a", `{"limit":5}`, 400, []string{`ip: \"2001:db8::/48\" is a network`, "its /64"}},
+		{"PUT", "/v1/rules/multi/identities?ip=10.0.0.0/8&header.X-Plan=a", `{"limit":5}`, 400, []string{`is a network`}},
+		{"PUT", "/v1/rules/multi/identities?ip=2001:db8::1/64&header.X-Plan=a", `{"limit":5}`, 400, []string{`is a network`}},
 	} {
 		code, out := call(t, s.admin, c.method, c.uri, c.body)
 		if code != c.status {
@@ -260,4 +274,88 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestIPv6PrefixReloadFlagsOverrides: an identity override of an IPv6
+// client names its network under identity.ipv6_prefix. A reload that
+// changes the prefix leaves it naming no client /auth makes: the list must
+// say so (as for a change of the rule's key), not show it as in force
+// while it no longer applies. IPv4 overrides are untouched.
+func TestIPv6PrefixReloadFlagsOverrides(t *testing.T) {
+	const rules = `rules:
+  - name: ipr
+    key: [ip]
+    algorithm: fixed_window
+    limit: 3
+    period: 1h
+`
+	path := filepath.Join(t.TempDir(), "rategate.yaml")
+	if err := os.WriteFile(path, []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	s := &stack{t: t, app: a, rules: a.Rules(), limiter: a.Limiter(), auth: serveOn(t, a.Handler()), admin: serveOn(t, a.AdminHandler())}
+	ask := func(ip string) int {
+		code, _ := call(t, s.auth, "GET", "/auth", "", "X-Original-URI", "/x", "X-Real-IP", ip)
+		return code
+	}
+	s.api("PUT", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::1", `{"block":true}`, 200, nil)
+	s.api("PUT", "/v1/rules/ipr/identities?ip=192.0.2.9", `{"block":true}`, 200, nil)
+	if c4, c6 := ask("192.0.2.9"), ask("2001:db8:aa:bb::2"); c4 != 429 || c6 != 429 {
+		t.Fatalf("before the reload: IPv4 %d, IPv6 %d; want both blocked", c4, c6)
+	}
+	list := func() map[string]string {
+		var l struct {
+			Identities []policy.IdentityView `json:"identities"`
+		}
+		s.api("GET", "/v1/rules/ipr/identities", "", 200, &l)
+		errs := map[string]string{}
+		for _, v := range l.Identities {
+			errs[v.ID] = v.Error
+		}
+		return errs
+	}
+	if errs := list(); len(errs) != 2 || errs["2001:db8:aa:bb::/64"] != "" || errs["192.0.2.9"] != "" {
+		t.Fatalf("list before the reload: %v", errs)
+	}
+	// The network as keys and the list write it names the same identity.
+	var v policy.IdentityView
+	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::/64", "", 200, &v)
+	if v.ID != "2001:db8:aa:bb::/64" || v.Action != "block" {
+		t.Fatalf("GET by the /64: %+v", v)
+	}
+	if err := os.WriteFile(path, []byte("identity: {ipv6_prefix: 56}\n"+rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reload("test"); err != nil {
+		t.Fatal(err)
+	}
+	errs := list()
+	if e := errs["2001:db8:aa:bb::/64"]; !strings.Contains(e, "ipv6_prefix was 64, it is now 56") {
+		t.Fatalf("the /64 override after the prefix became 56: error %q, want it flagged (list %v)", e, errs)
+	}
+	if errs["192.0.2.9"] != "" {
+		t.Fatalf("the IPv4 override after the prefix changed: %q", errs["192.0.2.9"])
+	}
+	if c := ask("192.0.2.9"); c != 429 {
+		t.Fatalf("IPv4 after the reload: %d, want still blocked", c)
+	}
+	// Set again under the new prefix, it applies to the /56.
+	s.api("PUT", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::1", `{"block":true}`, 200, nil)
+	if c := ask("2001:db8:aa:ff::1"); c != 429 {
+		t.Fatalf("an address of the blocked /56: %d, want 429", c)
+	}
+	if e := list()["2001:db8:aa::/56"]; e != "" {
+		t.Fatalf("the override set under /56: error %q", e)
+	}
+	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8:aa::/56", "", 200, &v)
+	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::/64", "", 400, nil)
 }

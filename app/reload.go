@@ -60,6 +60,8 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	// so that the next reload compares against what really runs.
 	keepRunning(prev, next)
 
+	// Before the rules: their identity tables are built under it.
+	a.rules.Identities().SetIPv6Prefix(next.Identity.IPv6Prefix)
 	res.Added, res.Removed, res.Changed = a.rules.SetFile(next.Rules, next.Source)
 	if next.FailureMode != prev.FailureMode {
 		a.limiter.SetFailureMode(next.FailureMode)

@@ -302,6 +302,10 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 				at("match user is empty; an anonymous caller is its ip (give the ip to a rule keyed on ip)")
 				return ex, false
 			}
+			if msg := limits.HeaderValueProblem(v); msg != "" {
+				at("match user %q %s: no request is this user", v, msg)
+				return ex, false
+			}
 			req.User = []byte(v)
 		case limits.KeyRoute:
 			if !strings.HasPrefix(v, "/") {
@@ -315,10 +319,16 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 				return ex, false
 			}
 			req.Method = []byte(strings.ToUpper(v))
-		case limits.KeyHost:
-			req.Host = []byte(strings.ToLower(v))
-		case limits.KeyHeader:
-			req.Headers.(headerValues)[p.Header] = []byte(v)
+		case limits.KeyHost, limits.KeyHeader:
+			if msg := limits.HeaderValueProblem(v); msg != "" {
+				at("match %s %q %s: no request sends this value", dimensionName(p), v, msg)
+				return ex, false
+			}
+			if p.Kind == limits.KeyHost {
+				req.Host = []byte(strings.ToLower(v))
+			} else {
+				req.Headers.(headerValues)[p.Header] = []byte(v)
+			}
 		}
 	}
 	if !isRange {

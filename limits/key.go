@@ -1,6 +1,9 @@
 package limits
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Key layout: <prefix>:{<rule>:<identity>}:<suffix>
 //
@@ -15,6 +18,29 @@ import "strings"
 
 // maxIdentity bounds the literal identity part of a key.
 const maxIdentity = 96
+
+// HeaderValueProblem says why v can never be the value of a request
+// header, as /auth reads it ("" when it can be): HTTP trims white space
+// from both ends of a value, and no value holds a control byte other than
+// a tab. An identity made of such a value (a user, a header dimension, a
+// host) names no request: an override or exception of it would never
+// apply.
+func HeaderValueProblem(v string) string {
+	if v == "" {
+		return ""
+	}
+	if isBlank(v[0]) || isBlank(v[len(v)-1]) {
+		return "starts or ends with white space, which HTTP trims from a header value"
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return fmt.Sprintf("holds the control byte 0x%02x, which no header value carries", c)
+		}
+	}
+	return ""
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' }
 
 // MaxKeyLen is the longest key AppendKey can produce for a valid rule
 // (prefix <= 32, rule name <= 64).

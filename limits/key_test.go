@@ -145,3 +145,24 @@ func FuzzKey(f *testing.F) {
 		}
 	})
 }
+
+// TestHeaderValueProblem: values HTTP cannot carry in a header are named,
+// everything else (a tab inside, bytes above 0x7f) passes.
+func TestHeaderValueProblem(t *testing.T) {
+	for v, want := range map[string]string{
+		"":            "",
+		"acme":        "",
+		"a b\tc":      "",
+		"caf\xc3\xa9": "",
+		" acme":       "white space",
+		"acme\t":      "white space",
+		"a\x00b":      "control byte 0x00",
+		"a\x1fb":      "control byte 0x1f",
+		"a\x7fb":      "control byte 0x7f",
+	} {
+		got := HeaderValueProblem(v)
+		if (want == "") != (got == "") || !strings.Contains(got, want) {
+			t.Errorf("HeaderValueProblem(%q) = %q, want one with %q", v, got, want)
+		}
+	}
+}

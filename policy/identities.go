@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,6 +43,11 @@ type IdentityOverride struct {
 	SetAt time.Time `json:"set_at"`
 	// ExpiresAt, when set, ends the override on every instance (from "ttl").
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// IPv6Prefix is identity.ipv6_prefix when the identity holds an IPv6
+	// client (its network under that prefix); 0 when it holds none. Under
+	// another prefix the identity names no client /auth makes, so the
+	// override stops applying and the list says why.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 }
 
 // action returns what o does.
@@ -66,13 +70,19 @@ func ParseIdentityOverride(body []byte, now time.Time) (IdentityOverride, error)
 	fail := func(field, format string, args ...any) {
 		errs = append(errs, field+": "+fmt.Sprintf(format, args...))
 	}
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&raw); err != nil || raw == nil {
+	raw, twice, err := readObject(body)
+	if errors.Is(err, errTrailing) {
+		return o, FieldErrors{"body: must hold exactly one JSON object"}
+	}
+	if err != nil || raw == nil {
 		return o, FieldErrors{fmt.Sprintf(`body: must be a JSON object such as {"limit":1000,"ttl":"30d","reason":"..."}, {"exempt":true} or {"block":true,"ttl":"1h"}: %s`, errOr(err, "got null"))}
 	}
-	if dec.More() {
-		return o, FieldErrors{"body: must hold exactly one JSON object"}
+	for _, k := range twice {
+		fail(k, "given twice")
+	}
+	if len(twice) > 0 {
+		// which copy was meant is unknown: nothing more to say of the values
+		return IdentityOverride{}, errs
 	}
 	keys := make([]string, 0, len(raw))
 	for k := range raw {

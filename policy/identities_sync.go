@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +51,7 @@ type Identities struct {
 	writeMu sync.Mutex
 
 	mu       sync.Mutex // guards everything below
+	ipv6     int        // identity.ipv6_prefix (SetIPv6Prefix)
 	rules    map[string]*ruleIdentities
 	stored   map[string]map[string]*storedIdentity // rule → identity → override
 	total    int
@@ -67,6 +70,7 @@ type storedIdentity struct {
 	n         numbers
 	expiresUS int64
 	key       string // the rule's key dimensions when set, comma-separated
+	ipv6      int    // IdentityOverride.IPv6Prefix
 }
 
 // numbers are an override's limit, period, burst and factor (zero: not set).
@@ -80,6 +84,7 @@ type numbers struct {
 type ruleIdentities struct {
 	base   *limits.Rule // the rule in force, without its table
 	sig    string
+	ipv6   int    // the Identities' ipv6 when built
 	key    string // keyParts(base), comma-separated
 	table  *limits.IdentityTable
 	static map[string]*limits.IdentityEntry // exact config exceptions by identity
@@ -104,6 +109,8 @@ type IdentitiesOptions struct {
 	SyncEvery time.Duration
 	// SyncFailed, when set, counts failed reads of the store.
 	SyncFailed func()
+	// IPv6Prefix is identity.ipv6_prefix (limits.DefaultIPv6Prefix when 0).
+	IPv6Prefix int
 }
 
 // NewIdentities returns the identity overrides of a limiter. Install
@@ -116,6 +123,7 @@ func NewIdentities(opts IdentitiesOptions) *Identities {
 		now:      time.Now,
 		every:    opts.SyncEvery,
 		failed:   opts.SyncFailed,
+		ipv6:     opts.IPv6Prefix,
 		rules:    map[string]*ruleIdentities{},
 		stored:   map[string]map[string]*storedIdentity{},
 		advanced: make(chan struct{}),
@@ -125,6 +133,9 @@ func NewIdentities(opts IdentitiesOptions) *Identities {
 	}
 	if x.every <= 0 {
 		x.every = DefaultSyncEvery
+	}
+	if x.ipv6 <= 0 {
+		x.ipv6 = limits.DefaultIPv6Prefix
 	}
 	x.SetMax(opts.Max)
 	return x
@@ -137,7 +148,20 @@ func newManagerIdentities(opts *ManagerOptions) *Identities {
 		failed = opts.Metrics.OverrideSyncFailed
 	}
 	return NewIdentities(IdentitiesOptions{Limiter: opts.Limiter, Store: opts.Identities, Max: opts.MaxIdentities,
-		Log: opts.Log, SyncEvery: opts.SyncEvery, SyncFailed: failed})
+		Log: opts.Log, SyncEvery: opts.SyncEvery, SyncFailed: failed, IPv6Prefix: opts.Config.Identity.IPv6Prefix})
+}
+
+// SetIPv6Prefix sets identity.ipv6_prefix, which the identities of IPv6
+// clients are made with. It takes effect with the next Install (a reload
+// calls it before the rules are set): an override set under another prefix
+// then stops applying, and the list says why.
+func (x *Identities) SetIPv6Prefix(bits int) {
+	if bits <= 0 {
+		bits = limits.DefaultIPv6Prefix
+	}
+	x.mu.Lock()
+	x.ipv6 = bits
+	x.mu.Unlock()
 }
 
 // Identities returns the manager's identity overrides.
@@ -184,7 +208,7 @@ func (x *Identities) Install(eff []*limits.Rule) []*limits.Rule {
 	for i, r := range eff {
 		sig := identitySignature(r)
 		ri := x.rules[r.Name]
-		if ri == nil || ri.sig != sig {
+		if ri == nil || ri.sig != sig || ri.ipv6 != x.ipv6 {
 			ri = x.build(r, sig, now)
 		}
 		next[r.Name] = ri
@@ -203,7 +227,7 @@ func identitySignature(r *limits.Rule) string {
 // overrides stored for it on top. x.mu is held.
 func (x *Identities) build(r *limits.Rule, sig string, now int64) *ruleIdentities {
 	ri := &ruleIdentities{
-		base: r, sig: sig, key: strings.Join(keyParts(r), ","),
+		base: r, sig: sig, ipv6: x.ipv6, key: strings.Join(keyParts(r), ","),
 		static: map[string]*limits.IdentityEntry{}, staticErr: map[int]string{},
 		derived: map[numbers]*limits.Rule{},
 		exempt:  r.Derive(limits.IdentityExempt), block: r.Derive(limits.IdentityBlock),
@@ -284,6 +308,8 @@ func (ri *ruleIdentities) problem(s *storedIdentity) string {
 		return s.bad
 	case s.key != ri.key:
 		return fmt.Sprintf("set for a rule keyed on [%s], the rule is now keyed on [%s]: delete it", s.key, ri.key)
+	case s.ipv6 != 0 && s.ipv6 != ri.ipv6:
+		return fmt.Sprintf("set when identity.ipv6_prefix was %d, it is now %d: the identity names no client any more; delete it and set it again", s.ipv6, ri.ipv6)
 	}
 	if _, err := ri.ruleFor(s.action, s.n); err != nil {
 		return "does not fit the rule as it now stands: " + err.Error()
@@ -332,6 +358,7 @@ func decodeStored(raw string) *storedIdentity {
 		s.expiresUS = o.ExpiresAt.UnixMicro()
 	}
 	s.key = strings.Join(o.Key, ",")
+	s.ipv6 = o.IPv6Prefix
 	return s
 }
 
@@ -768,6 +795,7 @@ func (x *Identities) Set(ctx context.Context, rule string, dims map[string]strin
 		x.mu.Unlock()
 		return IdentityView{}, limits.ErrNotApplicable
 	}
+	o.IPv6Prefix = ipv6PrefixOf(base, req)
 	_, ferr := ri.ruleFor(o.action(), numbers{limit: o.Limit, burst: o.Burst, period: time.Duration(o.Period), factor: o.Factor})
 	x.mu.Unlock()
 	if ferr != nil {
@@ -829,4 +857,27 @@ func (x *Identities) Delete(ctx context.Context, rule string, req *limits.Reques
 		return &v, nil
 	}
 	return nil, nil
+}
+
+// ipv6PrefixOf returns the identity.ipv6_prefix req's identity under rule r
+// was made with: req.IP's network length when that identity holds an IPv6
+// client's address, 0 when it holds none (an IPv4 client, or a rule whose
+// identity does not take the address).
+func ipv6PrefixOf(r *limits.Rule, req *limits.Request) int {
+	if !req.Addr.IsValid() || !req.Addr.Unmap().Is6() {
+		return 0
+	}
+	with, _ := limits.AppendIdentity(nil, r, req)
+	without := *req
+	without.IP = nil
+	other, _ := limits.AppendIdentity(nil, r, &without)
+	if bytes.Equal(with, other) {
+		return 0
+	}
+	if i := bytes.LastIndexByte(req.IP, '/'); i >= 0 {
+		if n, err := strconv.Atoi(string(req.IP[i+1:])); err == nil {
+			return n
+		}
+	}
+	return 128
 }

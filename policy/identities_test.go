@@ -46,6 +46,12 @@ func TestParseIdentityOverride(t *testing.T) {
 		{`[1]`, []string{"body: must be a JSON object"}},
 		{`null`, []string{"body: must be a JSON object"}},
 		{`{"block":true}{"exempt":true}`, []string{"body: must hold exactly one JSON object"}},
+		{`{"block":true} x`, []string{"body: must hold exactly one JSON object"}},
+		{`"limit"`, []string{"body: must be a JSON object such as"}},
+		{`{"limit":5`, []string{"body: must be a JSON object such as"}},
+		// a map would keep the last copy in silence
+		{`{"limit":5,"limit":1000000}`, []string{"limit: given twice"}},
+		{`{"block":false,"limit":5,"block":true}`, []string{"block: given twice"}},
 	} {
 		o, err := ParseIdentityOverride([]byte(c.body), now)
 		if c.want == nil {
@@ -399,5 +405,22 @@ func TestIdentitiesGap(t *testing.T) {
 	}
 	if a.ids.Version() != 2 {
 		t.Fatalf("version %d, want 2", a.ids.Version())
+	}
+}
+
+// TestParseOverrideFieldTwice: a rule override's field given twice is a
+// problem, not the last copy winning (encoding/json's map would keep it).
+func TestParseOverrideFieldTwice(t *testing.T) {
+	now := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	_, err := ParseOverride([]byte(`{"limit":5,"period":"1m","limit":1000000}`), now)
+	var fe FieldErrors
+	if !errors.As(err, &fe) || len(fe) != 1 || fe[0] != "limit: given twice" {
+		t.Fatalf("limit twice: %v, want the one problem %q", err, "limit: given twice")
+	}
+	if _, err := ParseOverride([]byte(`{"limit":5} {}`), now); err == nil || !strings.Contains(err.Error(), "exactly one JSON object") {
+		t.Fatalf("two objects: %v", err)
+	}
+	if o, err := ParseOverride([]byte(` {"limit":5,"period":"1m"} `), now); err != nil || o.Limit != 5 {
+		t.Fatalf("a valid body: %+v, %v", o, err)
 	}
 }

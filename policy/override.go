@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -83,13 +84,19 @@ func ParseOverride(body []byte, now time.Time) (Override, error) {
 	fail := func(field, format string, args ...any) {
 		errs = append(errs, field+": "+fmt.Sprintf(format, args...))
 	}
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&raw); err != nil || raw == nil {
+	raw, twice, err := readObject(body)
+	if errors.Is(err, errTrailing) {
+		return o, errors.New("body must hold exactly one JSON object")
+	}
+	if err != nil || raw == nil {
 		return o, fmt.Errorf(`body must be a JSON object such as {"limit":100,"period":"1m","burst":100,"factor":1.5}: %v`, errOr(err, "got null"))
 	}
-	if dec.More() {
-		return o, errors.New("body must hold exactly one JSON object")
+	for _, k := range twice {
+		fail(k, "given twice")
+	}
+	if len(twice) > 0 {
+		// which copy was meant is unknown: nothing more to say of the values
+		return Override{}, FieldErrors(errs)
 	}
 	keys := make([]string, 0, len(raw))
 	for k := range raw {
@@ -201,6 +208,63 @@ func (f overrideFields) parse(k string, v json.RawMessage, now time.Time, fail f
 type FieldErrors []string
 
 func (e FieldErrors) Error() string { return strings.Join(e, "; ") }
+
+// errTrailing is readObject's error when the body goes on after its object.
+var errTrailing = errors.New("more after the JSON object")
+
+// readObject reads body as one JSON object: its fields, unparsed, and the
+// names given more than once, in the order they came. (Decoded into a map,
+// {"limit":5,"limit":1000000} would be a limit of a million without a
+// word.) fields is nil, with a nil error, for a JSON null.
+func readObject(body []byte) (fields map[string]json.RawMessage, twice []string, err error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case tok == nil:
+		return nil, nil, nil
+	case tok != json.Delim('{'):
+		return nil, nil, fmt.Errorf("got %s", jsonKind(tok))
+	}
+	fields = map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, err
+		}
+		k, _ := tok.(string) // an object's keys are strings, or Token fails
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, nil, err
+		}
+		if _, seen := fields[k]; seen && !slices.Contains(twice, k) {
+			twice = append(twice, k)
+		}
+		fields[k] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, nil, err
+	}
+	if dec.More() {
+		return nil, nil, errTrailing
+	}
+	return fields, twice, nil
+}
+
+// jsonKind names the kind of JSON value a first token starts.
+func jsonKind(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		return "an array"
+	case string:
+		return "a string"
+	case bool:
+		return "true or false"
+	default:
+		return "a number"
+	}
+}
 
 func errOr(err error, s string) string {
 	if err != nil {

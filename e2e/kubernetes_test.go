@@ -262,3 +262,26 @@ func TestKubernetesDeployment(t *testing.T) {
 		}
 	})
 }
+
+// TestIngressExamplesKeepAuthRequest: the ingress-nginx examples must not
+// set auth-keepalive. With it the controller asks the auth service through
+// a Lua handler that lets a request through only on a 200; rategate allows
+// with 204, so every allowed request would be a 500 (and the 429 example's
+// auth_request_set and fail-open error_page would never run).
+func TestIngressExamplesKeepAuthRequest(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(repoRoot, "deploy", "kubernetes", "examples", "ingress-nginx*.yaml"))
+	if err != nil || len(files) < 2 {
+		t.Fatalf("ingress-nginx examples: %v, %v", files, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if l := strings.TrimSpace(line); !strings.HasPrefix(l, "#") && strings.Contains(l, "auth-keepalive") {
+				t.Errorf("%s:%d sets auth-keepalive: %s", filepath.Base(f), i+1, l)
+			}
+		}
+	}
+}

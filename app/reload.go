@@ -8,6 +8,7 @@ import (
 
 	"github.com/rategate/rategate/admin"
 	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits"
 )
 
 // Reload re-reads the config file and applies everything that can be
@@ -60,6 +61,10 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	// so that the next reload compares against what really runs.
 	keepRunning(prev, next)
 
+	if fresh := freshCounts(prev.Rules, next.Rules); len(fresh) > 0 {
+		a.log.Warn().Str("config", a.opts.ConfigPath).Strs("rules", fresh).
+			Msg("reload starts these rules' counts from zero: every identity gets a fresh quota once (add the new rule beside the old one to avoid it; docs/algorithms.md)")
+	}
 	// Before the rules: their identity tables are built under it.
 	a.rules.Identities().SetIPv6Prefix(next.Identity.IPv6Prefix)
 	res.Added, res.Removed, res.Changed = a.rules.SetFile(next.Rules, next.Source)
@@ -187,6 +192,25 @@ func identityChanges(p, n config.Identity) []string {
 		// A field this list does not know changed: say so rather than
 		// apply it silently or not at all.
 		out = append(out, "identity (a field this version cannot name)")
+	}
+	return out
+}
+
+// freshCounts names the rules that keep their name through a reload but
+// not their keys: a new algorithm or key list starts their counts again.
+func freshCounts(prev, next []*limits.Rule) []string {
+	var out []string
+	for _, n := range next {
+		for _, p := range prev {
+			if p.Name != n.Name {
+				continue
+			}
+			if p.Algorithm != n.Algorithm {
+				out = append(out, fmt.Sprintf("%s (algorithm %s -> %s)", n.Name, p.Algorithm, n.Algorithm))
+			} else if !slices.Equal(p.Key, n.Key) {
+				out = append(out, fmt.Sprintf("%s (key %v -> %v)", n.Name, p.Key, n.Key))
+			}
+		}
 	}
 	return out
 }

@@ -175,3 +175,49 @@ func TestReloadKeepsRulesOnAFileWithoutThem(t *testing.T) {
 		t.Fatalf("reload of an empty file with no rules running: %v", err)
 	}
 }
+
+// TestReloadWarnsOfFreshCounts: a reload that keeps a rule's name but
+// changes its algorithm or key starts its counts from zero (a new key); the
+// log says so, naming the rule, and a change of numbers alone does not.
+func TestReloadWarnsOfFreshCounts(t *testing.T) {
+	rule := func(algo, key string, limit int) string {
+		return fmt.Sprintf("rules:\n  - name: r\n    key: %s\n    algorithm: %s\n    limit: %d\n    period: 1h\n", key, algo, limit)
+	}
+	path := filepath.Join(t.TempDir(), "rategate.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(rule("fixed_window", "[user]", 5))
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	a, err := New(cfg, Options{Log: zerolog.New(&logs), ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	const msg = "counts from zero"
+	for _, c := range []struct {
+		yaml, want string
+	}{
+		{rule("fixed_window", "[user]", 9), ""},
+		{rule("gcra", "[user]", 9), "r (algorithm fixed_window -> gcra)"},
+		{rule("gcra", "[user, route]", 9), "r (key [user] -> [user route])"},
+	} {
+		before := logs.lines(msg)
+		write(c.yaml)
+		if _, err := a.Reload("test"); err != nil {
+			t.Fatal(err)
+		}
+		switch got := logs.lines(msg) - before; {
+		case c.want == "" && got != 0:
+			t.Fatalf("a change of numbers alone logged %d fresh-count warnings", got)
+		case c.want != "" && (got != 1 || logs.lines(c.want) == 0):
+			t.Fatalf("%d warnings, want one naming %q", got, c.want)
+		}
+	}
+}

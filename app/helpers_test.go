@@ -2,10 +2,16 @@ package app
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/rategate/rategate/config"
 )
 
 // within polls cond every 10ms for at most d; it returns the time it took,
@@ -49,4 +55,28 @@ func (s *syncBuffer) lines(substr string) int {
 		}
 	}
 	return n
+}
+
+// fileApp starts an App on a config file holding yaml, logging to log, and
+// returns it with a function that rewrites the file (for Reload).
+func fileApp(t *testing.T, yaml string, log zerolog.Logger) (*App, func(string)) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rategate.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(yaml)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, Options{Log: log, ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return a, write
 }

@@ -2,8 +2,6 @@ package app
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +10,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rategate/rategate/admin"
-	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/handler"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/memstore"
@@ -289,19 +286,7 @@ func TestIPv6PrefixReloadFlagsOverrides(t *testing.T) {
     limit: 3
     period: 1h
 `
-	path := filepath.Join(t.TempDir(), "rategate.yaml")
-	if err := os.WriteFile(path, []byte(rules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
+	a, write := fileApp(t, rules, zerolog.Nop())
 	s := &stack{t: t, app: a, rules: a.Rules(), limiter: a.Limiter(), auth: serveOn(t, a.Handler()), admin: serveOn(t, a.AdminHandler())}
 	ask := func(ip string) int {
 		code, _ := call(t, s.auth, "GET", "/auth", "", "X-Original-URI", "/x", "X-Real-IP", ip)
@@ -332,9 +317,7 @@ func TestIPv6PrefixReloadFlagsOverrides(t *testing.T) {
 	if v.ID != "2001:db8:aa:bb::/64" || v.Action != "block" {
 		t.Fatalf("GET by the /64: %+v", v)
 	}
-	if err := os.WriteFile(path, []byte("identity: {ipv6_prefix: 56}\n"+rules), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	write("identity: {ipv6_prefix: 56}\n" + rules)
 	if _, err := a.Reload("test"); err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -65,22 +63,8 @@ func TestMemoryMaxKeys(t *testing.T) {
     limit: 5
     period: 1h
 `
-	path := filepath.Join(t.TempDir(), "rategate.yaml")
-	write := func(maxKeys int) {
-		if err := os.WriteFile(path, fmt.Appendf(nil, "memory_max_keys: %d\n%s", maxKeys, rules), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(640)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	file := func(maxKeys int) string { return fmt.Sprintf("memory_max_keys: %d\n%s", maxKeys, rules) }
+	a, write := fileApp(t, file(640), zerolog.Nop())
 	mem := a.memoryStores()
 	if len(mem) != 1 {
 		t.Fatalf("%d memory stores without Redis, want 1", len(mem))
@@ -98,7 +82,7 @@ func TestMemoryMaxKeys(t *testing.T) {
 	if n := mem[0].Len(); n > 640 {
 		t.Fatalf("%d keys after 5,000 routes with memory_max_keys 640", n)
 	}
-	write(6400)
+	write(file(6400))
 	res, err := a.Reload("test")
 	if err != nil || !slices.Contains(res.Applied, "memory_max_keys") {
 		t.Fatalf("reload: %+v, %v; want memory_max_keys applied", res, err)
@@ -122,22 +106,7 @@ func TestReloadKeepsRulesOnAFileWithoutThem(t *testing.T) {
     limit: 2
     period: 1h
 `
-	path := filepath.Join(t.TempDir(), "rategate.yaml")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(rules)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, write := fileApp(t, rules, zerolog.Nop())
 	admitted := func() bool {
 		var d limits.Decision
 		req := limits.Request{Route: []byte("/"), IP: []byte("192.0.2.1")}
@@ -183,23 +152,8 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 	rule := func(algo, key string, limit int) string {
 		return fmt.Sprintf("rules:\n  - name: r\n    key: %s\n    algorithm: %s\n    limit: %d\n    period: 1h\n", key, algo, limit)
 	}
-	path := filepath.Join(t.TempDir(), "rategate.yaml")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(rule("fixed_window", "[user]", 5))
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs syncBuffer
-	a, err := New(cfg, Options{Log: zerolog.New(&logs), ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, write := fileApp(t, rule("fixed_window", "[user]", 5), zerolog.New(&logs))
 	const msg = "counts from zero"
 	for _, c := range []struct {
 		yaml, want string

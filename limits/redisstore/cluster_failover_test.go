@@ -505,3 +505,87 @@ func TestClusterRedirects(t *testing.T) {
 		t.Fatalf("slot %d served by %s, want %s", slot, got, dst.Addr)
 	}
 }
+
+// TestClusterPrimaryDownIsLocal: one dead primary is not the store being
+// down. Once the primary's own breaker refuses its slots' decisions at once,
+// the limiter decides them by its local fallback (bounded: the limit over
+// local_share), as any call that failed while the store is up; failure_mode
+// (allow here: unlimited) is for the store as a whole. Every other primary
+// keeps deciding.
+func TestClusterPrimaryDownIsLocal(t *testing.T) {
+	c := testredis.StartCluster(t)
+	rs, err := Open(Options{ClusterAddrs: c.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	local := memstore.New()
+	defer local.Close()
+	const limit = 5
+	rule := &limits.Rule{Name: "per-user", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.FixedWindow,
+		Limit: limit, Period: time.Hour, Burst: limit, Cost: 1}
+	l := limits.New(limits.Options{Store: rs, Prefix: "rg", Rules: []*limits.Rule{rule}, Fallback: local, LocalShare: 1,
+		FailureMode: limits.FailAllow})
+
+	// victim's key on one primary, other's on another
+	owner, _ := slotOwners(t, c)
+	slotOf := func(user string) (string, string) {
+		k, _ := l.KeyFor(rule, &limits.Request{User: []byte(user)})
+		return owner(KeySlot(k)), k
+	}
+	victimAddr, _ := slotOf("victim")
+	other := ""
+	for i := 0; other == ""; i++ {
+		if addr, _ := slotOf("u" + strconv.Itoa(i)); addr != victimAddr {
+			other = "u" + strconv.Itoa(i)
+		}
+	}
+	decide := func(user string) limits.Decision {
+		var d limits.Decision
+		ctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
+		defer cancel()
+		_ = l.Decide(ctx, &limits.Request{User: []byte(user)}, &d)
+		return d
+	}
+	for i := range limit + 1 {
+		if d := decide("victim"); d.Admitted != (i < limit) || d.Local || d.Undecided {
+			t.Fatalf("victim's request %d before the outage: %+v", i+1, d)
+		}
+	}
+
+	c.Node(victimAddr).Stop()
+	t.Logf("stopped %s, the primary of the victim's key", victimAddr)
+	// Well inside the failover (about two cluster-node-timeouts): the
+	// victim's slot has no primary the whole time.
+	var admitted, byLocal, undecided, otherShared, otherTotal int
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
+		d := decide("victim")
+		if d.Admitted {
+			admitted++
+		}
+		if d.Undecided {
+			undecided++
+		}
+		if d.Local {
+			byLocal++
+		}
+		// another primary's identity in between: the store stays up
+		if d := decide(other); !d.Local && !d.Undecided {
+			otherShared++
+		}
+		otherTotal++
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("victim: %d admitted, %d by the local fallback, %d left to failure_mode; other: %d of %d by Redis",
+		admitted, byLocal, undecided, otherShared, otherTotal)
+	if undecided > 0 || admitted > limit {
+		t.Errorf("the victim's decisions during one primary's outage: %d to failure_mode (allow), %d admitted; "+
+			"want every one by the local fallback, at most %d admitted", undecided, admitted, limit)
+	}
+	if byLocal == 0 {
+		t.Error("no decision of the victim fell back: the outage was not exercised")
+	}
+	if otherShared < otherTotal*9/10 {
+		t.Errorf("another primary's identity: %d of %d decided by Redis during the outage", otherShared, otherTotal)
+	}
+}

@@ -32,8 +32,8 @@ import (
 // with go-redis's retries off. It follows MOVED and ASK itself and resends
 // only what Redis said it did not run (MOVED, ASK, TRYAGAIN, NOSCRIPT). A
 // primary that keeps failing gets its own breaker: its slots' decisions
-// fail at once (the limiter answers them by the failure mode) while every
-// other slot is decided as usual.
+// fail at once (primaryDown: the limiter answers them by its local
+// fallback) while every other slot is decided as usual.
 
 // slotMapReloadEvery is how often the slot map is read again without a
 // reason: a failover that no decision noticed is seen within it.

@@ -477,6 +477,19 @@ func parseVals(vals []int64, results []limits.Result) (admitted, at int64, err e
 	return vals[0], vals[1], nil
 }
 
+// primaryDown is a decision refused at once because its cluster primary's
+// own breaker is open. One primary failing is not the store being down:
+// the error does not match limits.ErrBreakerOpen, so the limiter decides
+// the request by its local fallback, as any call that failed while the
+// store is up (failure_mode answers once the store's own breaker opens,
+// which every primary failing soon does).
+type primaryDown struct {
+	addr  string
+	cause error
+}
+
+func (e *primaryDown) Error() string { return "redis cluster primary " + e.addr + ": " + e.cause.Error() }
+
 // run sends call to the server that holds its keys and waits for the
 // reply. On a cluster it follows MOVED and ASK and tries TRYAGAIN again,
 // within the call's deadline: those replies say the script did not run.
@@ -490,7 +503,7 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 	for attempt := 0; err == nil; attempt++ {
 		var t limits.Ticket
 		if t, err = nd.gate.Allow(); err != nil {
-			return nil, fmt.Errorf("redis cluster primary %s: %w", nd.addr, err), true
+			return nil, &primaryDown{addr: nd.addr, cause: err}, true
 		}
 		reply, err, owned = nd.co.do(call)
 		if !owned {

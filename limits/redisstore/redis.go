@@ -488,7 +488,9 @@ type primaryDown struct {
 	cause error
 }
 
-func (e *primaryDown) Error() string { return "redis cluster primary " + e.addr + ": " + e.cause.Error() }
+func (e *primaryDown) Error() string {
+	return "redis cluster primary " + e.addr + ": " + e.cause.Error()
+}
 
 // run sends call to the server that holds its keys and waits for the
 // reply. On a cluster it follows MOVED and ASK and tries TRYAGAIN again,

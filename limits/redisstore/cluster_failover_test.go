@@ -510,8 +510,10 @@ func TestClusterRedirects(t *testing.T) {
 // down. Once the primary's own breaker refuses its slots' decisions at once,
 // the limiter decides them by its local fallback (bounded: the limit over
 // local_share), as any call that failed while the store is up; failure_mode
-// (allow here: unlimited) is for the store as a whole. Every other primary
-// keeps deciding.
+// (allow here: unlimited) is for the store as a whole. The store's breaker
+// is the app's (IsStoreFailure), and most traffic goes to the dead primary:
+// its refusals must not open it, or every primary's identities would be
+// left to failure_mode. Every other primary keeps deciding.
 func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	c := testredis.StartCluster(t)
 	rs, err := Open(Options{ClusterAddrs: c.Addrs()})
@@ -524,8 +526,10 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	const limit = 5
 	rule := &limits.Rule{Name: "per-user", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.FixedWindow,
 		Limit: limit, Period: time.Hour, Burst: limit, Cost: 1}
+	breaker := limits.NewBreaker(rs.Ping, rs.Name(), limits.BreakerOptions{ProbeTimeout: decisionTimeout, IsFailure: IsStoreFailure})
+	defer breaker.Close()
 	l := limits.New(limits.Options{Store: rs, Prefix: "rg", Rules: []*limits.Rule{rule}, Fallback: local, LocalShare: 1,
-		FailureMode: limits.FailAllow})
+		FailureMode: limits.FailAllow, Breaker: breaker})
 
 	// victim's key on one primary, other's on another
 	owner, _ := slotOwners(t, c)
@@ -555,26 +559,32 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 
 	c.Node(victimAddr).Stop()
 	t.Logf("stopped %s, the primary of the victim's key", victimAddr)
-	// Well inside the failover (about two cluster-node-timeouts): the
-	// victim's slot has no primary the whole time.
+	// Inside the failover (about two cluster-node-timeouts, 3.9-4.7 s
+	// here): the victim's slot has no primary the whole time.
 	var admitted, byLocal, undecided, otherShared, otherTotal int
-	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
-		d := decide("victim")
-		if d.Admitted {
-			admitted++
+	var kind limits.ErrorKind
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		for range 8 {
+			d := decide("victim")
+			if d.Admitted {
+				admitted++
+			}
+			if d.Undecided {
+				undecided++
+			}
+			if d.Local {
+				byLocal++
+				kind = ErrorKind(d.Err)
+			}
+			// the streak of refusals outlasts the breaker's OpenAfter
+			// (its ProbeTimeout, decisionTimeout) before a success
+			time.Sleep(decisionTimeout / 6)
 		}
-		if d.Undecided {
-			undecided++
-		}
-		if d.Local {
-			byLocal++
-		}
-		// another primary's identity in between: the store stays up
+		// another primary's identity now and then: the store stays up
 		if d := decide(other); !d.Local && !d.Undecided {
 			otherShared++
 		}
 		otherTotal++
-		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("victim: %d admitted, %d by the local fallback, %d left to failure_mode; other: %d of %d by Redis",
 		admitted, byLocal, undecided, otherShared, otherTotal)
@@ -584,6 +594,12 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	}
 	if byLocal == 0 {
 		t.Error("no decision of the victim fell back: the outage was not exercised")
+	}
+	if kind != limits.KindConnection {
+		t.Errorf("the last refusal's error kind %q, want %q", kind, limits.KindConnection)
+	}
+	if st := breaker.State(); st != limits.BreakerClosed {
+		t.Errorf("the store's breaker is %v with one primary of three down", st)
 	}
 	if otherShared < otherTotal*9/10 {
 		t.Errorf("another primary's identity: %d of %d decided by Redis during the outage", otherShared, otherTotal)

@@ -122,8 +122,9 @@ func (s *Store) PollInfo(ctx context.Context, every, timeout time.Duration, repo
 //   - timeout: the deadline passed (context.DeadlineExceeded, an I/O
 //     timeout, go-redis's pool timeout);
 //   - connection: Redis could not be reached or used (refused, reset,
-//     EOF, closed client, DNS; and the server-state replies LOADING,
-//     MASTERDOWN, READONLY, NOAUTH, WRONGPASS, NOPERM);
+//     EOF, closed client, DNS; a cluster primary whose own breaker is
+//     open; and the server-state replies LOADING, MASTERDOWN, READONLY,
+//     NOAUTH, WRONGPASS, NOPERM);
 //   - cluster: Redis Cluster redirections and outages (MOVED, ASK,
 //     CLUSTERDOWN, TRYAGAIN, CROSSSLOT);
 //   - oom: OOM (maxmemory reached with a no-eviction policy: Redis refuses
@@ -132,6 +133,9 @@ func (s *Store) PollInfo(ctx context.Context, every, timeout time.Duration, repo
 //     runtime error) or a reply of the wrong shape;
 //   - other: anything else (context.Canceled, a bug).
 func ErrorKind(err error) limits.ErrorKind {
+	if _, ok := errors.AsType[*primaryDown](err); ok {
+		return limits.KindConnection // its primary's breaker is open: unusable
+	}
 	var ne net.Error
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),

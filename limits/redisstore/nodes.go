@@ -33,7 +33,8 @@ import (
 // only what Redis said it did not run (MOVED, ASK, TRYAGAIN, NOSCRIPT). A
 // primary that keeps failing gets its own breaker: its slots' decisions
 // fail at once (primaryDown: the limiter answers them by its local
-// fallback) while every other slot is decided as usual.
+// fallback) while every other slot is decided as usual; once every
+// primary's breaker is open, failure_mode answers.
 
 // slotMapReloadEvery is how often the slot map is read again without a
 // reason: a failover that no decision noticed is seen within it.
@@ -228,6 +229,19 @@ func (n *clusterNodes) run(ctx context.Context) {
 			cancel()
 		}
 	}
+}
+
+// allRefusing reports whether every primary known so far has its breaker
+// open (or half-open, its trial taken): the cluster decides nothing.
+func (n *clusterNodes) allRefusing() bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for _, nd := range n.byAddr {
+		if nd.gate.State() == limits.BreakerClosed {
+			return false
+		}
+	}
+	return len(n.byAddr) > 0
 }
 
 // all returns every primary known so far.

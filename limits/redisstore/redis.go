@@ -479,14 +479,19 @@ func parseVals(vals []int64, results []limits.Result) (admitted, at int64, err e
 
 // primaryDown is a decision refused at once because its cluster primary's
 // own breaker is open. One primary failing is not the store being down:
-// the error does not match limits.ErrBreakerOpen, so the limiter decides
-// the request by its local fallback, as any call that failed while the
-// store is up (failure_mode answers once the store's own breaker opens,
-// which every primary failing soon does).
+// the error neither matches limits.ErrBreakerOpen nor counts as a store
+// failure (IsStoreFailure), so the limiter decides the request by its local
+// fallback, as any call that failed while the store is up, and the store's
+// breaker stays closed for the primaries that answer. Once every primary's
+// breaker is open (all), it is the store's outage: the error then matches
+// ErrBreakerOpen (failure_mode answers) and counts as a failure.
 type primaryDown struct {
 	addr  string
 	cause error
+	all   bool
 }
+
+func (e *primaryDown) Is(target error) bool { return e.all && target == limits.ErrBreakerOpen }
 
 func (e *primaryDown) Error() string {
 	return "redis cluster primary " + e.addr + ": " + e.cause.Error()
@@ -505,7 +510,7 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 	for attempt := 0; err == nil; attempt++ {
 		var t limits.Ticket
 		if t, err = nd.gate.Allow(); err != nil {
-			return nil, &primaryDown{addr: nd.addr, cause: err}, true
+			return nil, &primaryDown{addr: nd.addr, cause: err, all: s.nodes.allRefusing()}, true
 		}
 		reply, err, owned = nd.co.do(call)
 		if !owned {
@@ -766,6 +771,9 @@ func IsTimeout(err error) bool { return ErrorKind(err) == limits.KindTimeout }
 func IsStoreFailure(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
 		return false
+	}
+	if pd, ok := errors.AsType[*primaryDown](err); ok {
+		return pd.all
 	}
 	var re redis.Error
 	if !errors.As(err, &re) {

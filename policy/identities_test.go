@@ -47,6 +47,9 @@ func TestParseIdentityOverride(t *testing.T) {
 		{`null`, []string{"body: must be a JSON object"}},
 		{`{"block":true}{"exempt":true}`, []string{"body: must hold exactly one JSON object"}},
 		{`{"block":true} x`, []string{"body: must hold exactly one JSON object"}},
+		{`{"block":true}}`, []string{"body: must hold exactly one JSON object"}},
+		{`{"block":true}]]`, []string{"body: must hold exactly one JSON object"}},
+		{"{\"block\":true} \n\t", nil},
 		{`"limit"`, []string{"body: must be a JSON object such as"}},
 		{`{"limit":5`, []string{"body: must be a JSON object such as"}},
 		// a map would keep the last copy in silence
@@ -417,8 +420,10 @@ func TestParseOverrideFieldTwice(t *testing.T) {
 	if !errors.As(err, &fe) || len(fe) != 1 || fe[0] != "limit: given twice" {
 		t.Fatalf("limit twice: %v, want the one problem %q", err, "limit: given twice")
 	}
-	if _, err := ParseOverride([]byte(`{"limit":5} {}`), now); err == nil || !strings.Contains(err.Error(), "exactly one JSON object") {
-		t.Fatalf("two objects: %v", err)
+	for _, body := range []string{`{"limit":5} {}`, `{"limit":5}}`, `{"limit":5}]`} {
+		if _, err := ParseOverride([]byte(body), now); err == nil || !strings.Contains(err.Error(), "exactly one JSON object") {
+			t.Fatalf("%s: %v, want a body of more than one object refused", body, err)
+		}
 	}
 	if o, err := ParseOverride([]byte(` {"limit":5,"period":"1m"} `), now); err != nil || o.Limit != 5 {
 		t.Fatalf("a valid body: %+v, %v", o, err)

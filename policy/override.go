@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"sort"
@@ -246,7 +247,8 @@ func readObject(body []byte) (fields map[string]json.RawMessage, twice []string,
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return nil, nil, err
 	}
-	if dec.More() {
+	// Only white space may follow: More would not see a stray "}" or "]".
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, nil, errTrailing
 	}
 	return fields, twice, nil

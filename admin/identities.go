@@ -40,7 +40,9 @@ func (s *Server) identities(ctx *fasthttp.RequestCtx, method, name string) {
 	dims, err := identityParams(r, args)
 	if err == nil {
 		var req *limits.Request
-		if req, err = identityFromQuery(r, args, int(s.ipv6Prefix.Load())); err == nil {
+		// Only a PUT must name a client under the prefix in force: an
+		// override stored under another names no request.
+		if req, err = identityFromQuery(r, args, int(s.ipv6Prefix.Load()), method != "PUT"); err == nil {
 			s.identity(ctx, method, ids, r, dims, req)
 			return
 		}

@@ -57,7 +57,7 @@ func (h headerMap) Peek(key string) []byte { return h[textproto.CanonicalMIMEHea
 // identityFromQuery builds the request whose key the rule would use, from
 // ?ip=&user=&route=&method=&host=&header.<Name>=. Every dimension the rule
 // is keyed on must be given; the error names the missing or bad parameter.
-func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*limits.Request, error) {
+func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, anyNetwork bool) (*limits.Request, error) {
 	req := &limits.Request{}
 	hdrs := headerMap{}
 	req.Headers = hdrs
@@ -70,12 +70,13 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 		return append([]byte(nil), args.Peek(name)...), true
 	}
 	if args.Has("ip") {
-		a, err := parseClientIP(string(args.Peek("ip")), ipv6Prefix)
+		a, bits, err := parseClientIP(string(args.Peek("ip")), ipv6Prefix, anyNetwork)
 		if err != nil {
 			problems = append(problems, "ip: "+err.Error())
 		} else {
-			// The same ip dimension /auth uses: an IPv6 address is its network.
-			req.IP = limits.AppendIPIdentity(nil, a, ipv6Prefix)
+			// The same ip dimension /auth uses: an IPv6 address is its
+			// network (or the network given).
+			req.IP = limits.AppendIPIdentity(nil, a, bits)
 			req.Addr = a
 		}
 	}
@@ -131,19 +132,27 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int) (*li
 }
 
 // parseClientIP reads ?ip=: an address, or an IPv6 client's network as
-// keys, logs and lists write it (2001:db8:1:2::/64, at identity.ipv6_prefix).
-func parseClientIP(v string, ipv6Prefix int) (netip.Addr, error) {
+// keys, logs and lists write it (2001:db8:1:2::/64, at identity.ipv6_prefix),
+// and returns the network length its identity is made with. anyNetwork
+// also takes a network of another length (48..128), for reading or
+// removing what was stored under an earlier identity.ipv6_prefix.
+func parseClientIP(v string, ipv6Prefix int, anyNetwork bool) (netip.Addr, int, error) {
+	if ipv6Prefix <= 0 {
+		ipv6Prefix = limits.DefaultIPv6Prefix
+	}
 	if a, err := netip.ParseAddr(v); err == nil {
-		return a, nil
+		return a, ipv6Prefix, nil
 	}
 	p, err := netip.ParsePrefix(v)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("%q is not an IP address", v)
+		return netip.Addr{}, 0, fmt.Errorf("%q is not an IP address", v)
 	}
-	if !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() != ipv6Prefix || p.Masked() != p {
-		return netip.Addr{}, fmt.Errorf("%q is a network: give one address, or an IPv6 client's network as keys write it (its /%d, identity.ipv6_prefix)", v, ipv6Prefix)
+	ok := p.Addr().Is6() && !p.Addr().Is4In6() && p.Masked() == p &&
+		(p.Bits() == ipv6Prefix || anyNetwork && p.Bits() >= 48)
+	if !ok {
+		return netip.Addr{}, 0, fmt.Errorf("%q is a network: give one address, or an IPv6 client's network as keys write it (its /%d, identity.ipv6_prefix)", v, ipv6Prefix)
 	}
-	return p.Addr(), nil
+	return p.Addr(), p.Bits(), nil
 }
 
 // peekFold finds a query parameter by case-insensitive name.
@@ -164,7 +173,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 		writeError(ctx, fasthttp.StatusNotFound, "no such rule \""+name+"\"", nil)
 		return
 	}
-	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()))
+	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()), true)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(problemList))
 		return

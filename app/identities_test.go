@@ -340,5 +340,16 @@ func TestIPv6PrefixReloadFlagsOverrides(t *testing.T) {
 		t.Fatalf("the override set under /56: error %q", e)
 	}
 	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8:aa::/56", "", 200, &v)
-	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::/64", "", 400, nil)
+	// The flagged one can still be read and removed by the network it names;
+	// a PUT of it would name no request.
+	s.api("PUT", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::/64", `{"block":true}`, 400, nil)
+	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::/64", "", 200, &v)
+	if v.ID != "2001:db8:aa:bb::/64" || !strings.Contains(v.Error, "ipv6_prefix") {
+		t.Fatalf("GET of the flagged /64: %+v", v)
+	}
+	s.api("DELETE", "/v1/rules/ipr/identities?ip=2001:db8:aa:bb::/64", "", 200, nil)
+	if errs := list(); len(errs) != 2 || errs["192.0.2.9"] != "" || errs["2001:db8:aa::/56"] != "" {
+		t.Fatalf("list after deleting the flagged /64: %v, want the IPv4 and the /56 overrides only", errs)
+	}
+	s.api("GET", "/v1/rules/ipr/identities?ip=2001:db8::/40", "", 400, nil)
 }

@@ -65,6 +65,10 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 		a.log.Warn().Str("config", a.opts.ConfigPath).Strs("rules", fresh).
 			Msg("reload starts these rules' counts from zero: every identity gets a fresh quota once (add the new rule beside the old one to avoid it; docs/algorithms.md)")
 	}
+	if p, n := prev.Identity.IPv6Prefix, next.Identity.IPv6Prefix; p != n {
+		a.log.Warn().Str("config", a.opts.ConfigPath).Int("from", p).Int("to", n).
+			Msg("identity.ipv6_prefix changed: IPv6 clients are other networks now, so their counts start from zero and their identity overrides stop applying (GET /v1/rules/{rule}/identities lists them)")
+	}
 	// Before the rules: their identity tables are built under it.
 	a.rules.Identities().SetIPv6Prefix(next.Identity.IPv6Prefix)
 	res.Added, res.Removed, res.Changed = a.rules.SetFile(next.Rules, next.Source)

@@ -154,13 +154,14 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 	}
 	var logs syncBuffer
 	a, write := fileApp(t, rule("fixed_window", "[user]", 5), zerolog.New(&logs))
-	const msg = "counts from zero"
+	const msg = "from zero"
 	for _, c := range []struct {
 		yaml, want string
 	}{
 		{rule("fixed_window", "[user]", 9), ""},
 		{rule("gcra", "[user]", 9), "r (algorithm fixed_window -> gcra)"},
 		{rule("gcra", "[user, route]", 9), "r (key [user] -> [user route])"},
+		{"identity: {ipv6_prefix: 56}\n" + rule("gcra", "[user, route]", 9), "identity.ipv6_prefix changed"},
 	} {
 		before := logs.lines(msg)
 		write(c.yaml)

@@ -621,7 +621,8 @@ func (st *stack) runLatency(ctx context.Context, cfg settings, done []scenarioRe
 		}
 	}
 	lr.summarize()
-	fmt.Printf("  => p99 rategate %.2f ms, floor %.2f ms: +%.2f ms\n", lr.RategateMedian.P99MS, lr.FloorMedian.P99MS, lr.DeltaP99MS)
+	fmt.Printf("  => p99 medians rategate %.2f ms, floor %.2f ms; median of the rounds' differences %+.2f ms %v\n",
+		lr.RategateMedian.P99MS, lr.FloorMedian.P99MS, lr.DeltaP99MS, lr.RoundDeltas)
 	return lr, nil
 }
 

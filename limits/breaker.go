@@ -313,6 +313,11 @@ func (b *Breaker) record(v uint64, trial bool, err error) {
 			b.transition(v, BreakerOpen, err)
 		}
 	case BreakerHalfOpen:
+		if errors.Is(err, context.Canceled) {
+			// the caller gave up: the trial says nothing of the store, and
+			// its slot (returned above) goes to the next request
+			return
+		}
 		if failed {
 			if !b.starvedTimeout(err) {
 				b.transition(v, BreakerOpen, err)

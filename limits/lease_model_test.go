@@ -321,7 +321,11 @@ func TestLeaseNeverOverLimit(t *testing.T) {
 							sum.add(lmTimeline(t, rng, s, prefix, rules, sc.steps))
 						}
 						t.Logf("%+v", sum)
-						if sum.admitted == 0 || sum.denied == 0 || sum.local == 0 || sum.takes == 0 {
+						// Local spending needs a timeline to run long enough
+						// with a slice: when rounds were lost to Redis's clock
+						// (ended early; a loaded CI lost 5 with none left),
+						// only the total below must show it.
+						if sum.admitted == 0 || sum.denied == 0 || sum.takes == 0 || sum.local == 0 && sum.lost == 0 {
 							t.Fatalf("the timelines did not exercise admissions, denials and local spending: %+v", sum)
 						}
 						all.add(sum)
@@ -331,8 +335,8 @@ func TestLeaseNeverOverLimit(t *testing.T) {
 			t.Logf("%s in all: %+v", sc.name, all)
 			// A round Redis expired a key of on its own clock ends early:
 			// at least half of the steps must have run.
-			if planned := int64(len(leasable()) * 3 * sc.rounds * sc.steps); all.returned == 0 || all.kills == 0 || 2*all.steps < planned {
-				t.Fatalf("no returns or kills, or fewer than half of the %d steps run (rounds lost to Redis's clock): %+v", planned, all)
+			if planned := int64(len(leasable()) * 3 * sc.rounds * sc.steps); all.returned == 0 || all.kills == 0 || all.local == 0 || 2*all.steps < planned {
+				t.Fatalf("no returns, kills or local spending, or fewer than half of the %d steps run (rounds lost to Redis's clock): %+v", planned, all)
 			}
 		})
 	}

@@ -70,19 +70,15 @@ func ParseIdentityOverride(body []byte, now time.Time) (IdentityOverride, error)
 	fail := func(field, format string, args ...any) {
 		errs = append(errs, field+": "+fmt.Sprintf(format, args...))
 	}
-	raw, twice, err := readObject(body)
-	if errors.Is(err, errTrailing) {
+	raw, err := readObject(body)
+	var twice FieldErrors
+	switch {
+	case errors.As(err, &twice):
+		return o, twice
+	case errors.Is(err, errTrailing):
 		return o, FieldErrors{"body: must hold exactly one JSON object"}
-	}
-	if err != nil || raw == nil {
+	case err != nil || raw == nil:
 		return o, FieldErrors{fmt.Sprintf(`body: must be a JSON object such as {"limit":1000,"ttl":"30d","reason":"..."}, {"exempt":true} or {"block":true,"ttl":"1h"}: %s`, errOr(err, "got null"))}
-	}
-	for _, k := range twice {
-		fail(k, "given twice")
-	}
-	if len(twice) > 0 {
-		// which copy was meant is unknown: nothing more to say of the values
-		return IdentityOverride{}, errs
 	}
 	keys := make([]string, 0, len(raw))
 	for k := range raw {

@@ -85,19 +85,15 @@ func ParseOverride(body []byte, now time.Time) (Override, error) {
 	fail := func(field, format string, args ...any) {
 		errs = append(errs, field+": "+fmt.Sprintf(format, args...))
 	}
-	raw, twice, err := readObject(body)
-	if errors.Is(err, errTrailing) {
+	raw, err := readObject(body)
+	var twice FieldErrors
+	switch {
+	case errors.As(err, &twice):
+		return o, twice
+	case errors.Is(err, errTrailing):
 		return o, errors.New("body must hold exactly one JSON object")
-	}
-	if err != nil || raw == nil {
+	case err != nil || raw == nil:
 		return o, fmt.Errorf(`body must be a JSON object such as {"limit":100,"period":"1m","burst":100,"factor":1.5}: %v`, errOr(err, "got null"))
-	}
-	for _, k := range twice {
-		fail(k, "given twice")
-	}
-	if len(twice) > 0 {
-		// which copy was meant is unknown: nothing more to say of the values
-		return Override{}, FieldErrors(errs)
 	}
 	keys := make([]string, 0, len(raw))
 	for k := range raw {
@@ -213,45 +209,51 @@ func (e FieldErrors) Error() string { return strings.Join(e, "; ") }
 // errTrailing is readObject's error when the body goes on after its object.
 var errTrailing = errors.New("more after the JSON object")
 
-// readObject reads body as one JSON object: its fields, unparsed, and the
-// names given more than once, in the order they came. (Decoded into a map,
+// readObject reads body as one JSON object, its fields unparsed; nil, with
+// a nil error, for a JSON null. Errors: errTrailing when more follows the
+// object, FieldErrors ("limit: given twice", in the order they came) when
+// a field is given more than once (decoded into a map,
 // {"limit":5,"limit":1000000} would be a limit of a million without a
-// word.) fields is nil, with a nil error, for a JSON null.
-func readObject(body []byte) (fields map[string]json.RawMessage, twice []string, err error) {
+// word, and which copy was meant is unknown), or the syntax error.
+func readObject(body []byte) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	tok, err := dec.Token()
 	switch {
 	case err != nil:
-		return nil, nil, err
+		return nil, err
 	case tok == nil:
-		return nil, nil, nil
+		return nil, nil
 	case tok != json.Delim('{'):
-		return nil, nil, fmt.Errorf("got %s", jsonKind(tok))
+		return nil, fmt.Errorf("got %s", jsonKind(tok))
 	}
-	fields = map[string]json.RawMessage{}
+	fields := map[string]json.RawMessage{}
+	var twice FieldErrors
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		k, _ := tok.(string) // an object's keys are strings, or Token fails
 		var v json.RawMessage
 		if err := dec.Decode(&v); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if _, seen := fields[k]; seen && !slices.Contains(twice, k) {
-			twice = append(twice, k)
+		if _, seen := fields[k]; seen && !slices.Contains(twice, k+": given twice") {
+			twice = append(twice, k+": given twice")
 		}
 		fields[k] = v
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, nil, err
+		return nil, err
 	}
 	// Only white space may follow: More would not see a stray "}" or "]".
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, nil, errTrailing
+		return nil, errTrailing
 	}
-	return fields, twice, nil
+	if twice != nil {
+		return nil, twice
+	}
+	return fields, nil
 }
 
 // jsonKind names the kind of JSON value a first token starts.

@@ -142,7 +142,7 @@ const maxPooledBuf = 16 << 10
 // put clears the request's references and returns s to the pool.
 func (h *Handler) put(s *scratch) {
 	s.req = limits.Request{}
-	if cap(s.route) > maxPooledBuf || cap(s.buf) > maxPooledBuf {
+	if cap(s.route) > maxPooledBuf || cap(s.buf) > maxPooledBuf || cap(s.list) > maxPooledBuf {
 		return
 	}
 	h.pool.Put(s)

@@ -516,11 +516,7 @@ func TestClusterRedirects(t *testing.T) {
 // left to failure_mode. Every other primary keeps deciding.
 func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	c := testredis.StartCluster(t)
-	rs, err := Open(Options{ClusterAddrs: c.Addrs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
+	rs := openClusterStore(t, c)
 	local := memstore.New()
 	defer local.Close()
 	const limit = 5

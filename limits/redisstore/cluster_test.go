@@ -101,7 +101,7 @@ func TestKeySlotMatchesCluster(t *testing.T) {
 	}
 }
 
-// openCluster opens a store over c the way main does, closed at cleanup.
+// openClusterStore opens a store over c the way main does, closed at cleanup.
 func openClusterStore(t *testing.T, c *testredis.Cluster) *Store {
 	t.Helper()
 	rs, err := Open(Options{ClusterAddrs: c.Addrs()})
@@ -632,11 +632,7 @@ func TestClusterWarmAndPingLoadScripts(t *testing.T) {
 // FLUSHALL on each primary in turn is a loss, seen once.
 func TestClusterEpochSeesEveryPrimary(t *testing.T) {
 	c := testredis.StartCluster(t)
-	rs, err := Open(Options{ClusterAddrs: c.Addrs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
+	rs := openClusterStore(t, c)
 	ctx := testredis.Ctx(t)
 	e := rs.Epoch("ep")
 	owner, primaries := slotOwners(t, c)

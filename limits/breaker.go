@@ -67,6 +67,16 @@ func (s BreakerState) String() string {
 // breaker, by every call a Breaker refuses. Test with errors.Is.
 var ErrBreakerOpen = errors.New("store circuit breaker open")
 
+// NotSent reports whether err says a store call was refused before it
+// reached the store: a Redis Cluster primary whose own breaker is open
+// refuses its decisions at once (the error has a method NotSent() bool
+// that returns true). Such a call took none of the store's time, so its
+// duration says nothing about the store.
+func NotSent(err error) bool {
+	var ns interface{ NotSent() bool }
+	return errors.As(err, &ns) && ns.NotSent()
+}
+
 // Defaults of BreakerOptions.
 const (
 	DefaultFailureThreshold = 5

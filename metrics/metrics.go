@@ -404,12 +404,17 @@ func (m *Metrics) Rejected(reason limits.RejectReason, elapsed time.Duration) {
 
 // StoreCall records one call to the shared store (limiter observer): its
 // time into rategate_store_duration_seconds{op} and its error, by kind,
-// into rategate_store_errors_total{op,kind}.
+// into rategate_store_errors_total{op,kind}. A call refused before it was
+// sent (limits.NotSent: a dead cluster primary's) counts as an error only:
+// its near-zero time would make the store look fast while part of it is
+// down.
 func (m *Metrics) StoreCall(op limits.StoreOp, elapsed time.Duration, err error) {
 	if op >= limits.NumStoreOps {
 		return
 	}
-	m.storeDur[op].Update(elapsed.Seconds())
+	if err == nil || !limits.NotSent(err) {
+		m.storeDur[op].Update(elapsed.Seconds())
+	}
 	if err != nil {
 		k := m.kind(err)
 		if k >= limits.NumErrorKinds {

@@ -51,6 +51,12 @@ func TestHistogramBuckets(t *testing.T) {
 	}
 }
 
+// notSentError is a store call refused before it was sent (limits.NotSent).
+type notSentError struct{}
+
+func (notSentError) Error() string { return "primary down" }
+func (notSentError) NotSent() bool { return true }
+
 // TestExposition: every family parses with Prometheus's parser, has the
 // right type, and the observer's counts land under the right labels.
 func TestExposition(t *testing.T) {
@@ -65,6 +71,7 @@ func TestExposition(t *testing.T) {
 	m.Decided(&limits.Decision{Undecided: true, Mode: limits.FailDeny, Verdicts: []limits.Verdict{{Rule: login}, {Rule: sh}}}, time.Microsecond)
 	m.StoreCall(limits.OpDecide, time.Millisecond, context.DeadlineExceeded)
 	m.StoreCall(limits.OpDecide, time.Millisecond, errors.New("boom"))
+	m.StoreCall(limits.OpDecide, time.Microsecond, fmt.Errorf("refused: %w", notSentError{}))
 	m.Reloaded(true)
 	m.Reloaded(false)
 	m.AddGaugeFunc("rategate_test_gauge", "A gauge read at scrape time.", func() float64 { return 2.5 })
@@ -127,8 +134,9 @@ func TestExposition(t *testing.T) {
 		{"rategate_local_decisions_total", []string{"reason", "call_failed"}, 1},
 		{"rategate_local_decisions_total", []string{"reason", "store_down"}, 0},
 		{"rategate_store_errors_total", []string{"op", "decide", "kind", "timeout"}, 1},
-		{"rategate_store_errors_total", []string{"op", "decide", "kind", "other"}, 1},
+		{"rategate_store_errors_total", []string{"op", "decide", "kind", "other"}, 2},
 		{"rategate_store_errors_total", []string{"op", "peek", "kind", "other"}, 0},
+		// the call never sent is an error, not a duration
 		{"rategate_store_duration_seconds", []string{"op", "decide"}, 2},
 		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "local"}, 1},
 		{"rategate_failure_mode_rule_decisions_total", []string{"rule", "login", "mode", "deny"}, 1},

@@ -559,6 +559,7 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	// here): the victim's slot has no primary the whole time.
 	var admitted, byLocal, undecided, otherShared, otherTotal int
 	var kind limits.ErrorKind
+	notSent := false
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
 		for range 8 {
 			d := decide("victim")
@@ -570,7 +571,7 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 			}
 			if d.Local {
 				byLocal++
-				kind = ErrorKind(d.Err)
+				kind, notSent = ErrorKind(d.Err), limits.NotSent(d.Err)
 			}
 			// the streak of refusals outlasts the breaker's OpenAfter
 			// (its ProbeTimeout, decisionTimeout) before a success
@@ -593,6 +594,10 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	}
 	if kind != limits.KindConnection {
 		t.Errorf("the last refusal's error kind %q, want %q", kind, limits.KindConnection)
+	}
+	if !notSent {
+		// it would feed rategate_store_duration_seconds a near-zero time
+		t.Errorf("the last refusal (%v) does not say it was never sent", kind)
 	}
 	if st := breaker.State(); st != limits.BreakerClosed {
 		t.Errorf("the store's breaker is %v with one primary of three down", st)

@@ -493,6 +493,9 @@ type primaryDown struct {
 
 func (e *primaryDown) Is(target error) bool { return e.all && target == limits.ErrBreakerOpen }
 
+// NotSent: the decision never went to Redis (limits.NotSent).
+func (e *primaryDown) NotSent() bool { return true }
+
 func (e *primaryDown) Error() string {
 	return "redis cluster primary " + e.addr + ": " + e.cause.Error()
 }

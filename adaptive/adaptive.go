@@ -12,10 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rategate/rategate/internal/redact"
 )
 
 // Bounds and defaults of an `adaptive:` block; config validates against
@@ -126,13 +127,10 @@ type Source struct {
 	Reduce Reduce
 }
 
-// String describes the source for -check, logs and GET /v1/rules, with any
-// password in the URL redacted.
+// String describes the source for -check, logs and GET /v1/rules, with the
+// URL's secrets hidden (redact.URL).
 func (s *Source) String() string {
-	u := s.URL
-	if p, err := url.Parse(u); err == nil {
-		u = p.Redacted()
-	}
+	u := redact.URL(s.URL)
 	if s.Kind == Prometheus {
 		return fmt.Sprintf("prometheus %s query %q (reduce %s)", u, s.Query, s.Reduce)
 	}

@@ -716,6 +716,14 @@ func TestDescribe(t *testing.T) {
 	if desc := c.Describe(); strings.Contains(desc, "pa55") || !strings.Contains(desc, "rediss://:xxxxx@redis.example.com:6380/2") {
 		t.Errorf("Describe() of a URL with a password:\n%s", desc)
 	}
+	// go-redis's Sentinel URL carries the servers' password in its query
+	c, err = Parse("t.yaml", []byte("redis:\n  url: redis://su:sp55@10.0.0.1:26379?addr=10.0.0.2:26379&master_name=m&password=pa55\nrules: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if desc := c.Describe(); strings.Contains(desc, "pa55") || strings.Contains(desc, "sp55") || !strings.Contains(desc, "password=xxxxx") {
+		t.Errorf("Describe() of a Sentinel URL with a password:\n%s", desc)
+	}
 }
 
 // TestDescribeWarnsAboutSubSecondPolicies: -check says how a period that is

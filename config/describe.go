@@ -2,10 +2,10 @@ package config
 
 import (
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
+	"github.com/rategate/rategate/internal/redact"
 	"github.com/rategate/rategate/limits"
 )
 
@@ -112,11 +112,7 @@ func (c *Config) Describe() string {
 func (r *Redis) describe() string {
 	switch {
 	case r.URL != "":
-		shown := "(unparsable URL)"
-		if u, err := url.Parse(r.URL); err == nil {
-			shown = u.Redacted()
-		}
-		return fmt.Sprintf("redis %s, key prefix %q, timeout %s", shown, r.KeyPrefix, FormatDuration(r.Timeout))
+		return fmt.Sprintf("redis %s, key prefix %q, timeout %s", redact.URL(r.URL), r.KeyPrefix, FormatDuration(r.Timeout))
 	case len(r.ClusterAddrs) > 0:
 		return fmt.Sprintf("redis cluster %s, key prefix %q, timeout %s", strings.Join(r.ClusterAddrs, ", "), r.KeyPrefix, FormatDuration(r.Timeout))
 	case r.Sentinel.Master != "":

@@ -57,7 +57,7 @@ const usageText = `usage:
   rategate [-config FILE] [-listen ADDR] [-admin-listen ADDR] [-redis URL] [-log-level LEVEL] [-watch] [-pprof]
   rategate -check -config FILE     validate the config, print the effective rules, exit 0 (valid) or 2 (invalid)
   rategate -version                print the version and exit
-  rategate admin [flags] COMMAND   the admin API's client: rules, override, key, reset, top, reload
+  rategate admin [flags] COMMAND   the admin API's client: rules, override, identity, key, reset, top, reload
                                    ("rategate admin help" lists its commands and flags)
 
 Flags (each also from the environment; a flag wins over the environment,

@@ -36,6 +36,11 @@ const (
 	DefaultAdminListen = "127.0.0.1:9090"
 )
 
+// adminMaxConns bounds the admin listener's connections (scrapes, the
+// CLI, a dashboard or two; the main listener's bound is
+// handler.DefaultMaxConns).
+const adminMaxConns = 256
+
 // epochEvery is how often each instance checks that Redis kept its data.
 const epochEvery = time.Second
 
@@ -422,21 +427,25 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 	srv := handler.NewServer(a.handler.Load(), handler.ServerOptions{Logger: a.log})
 	srv.Handler = a.Handler()
 	adminSrv := &fasthttp.Server{
-		Handler:               a.AdminHandler(),
-		Name:                  "rategate-admin",
-		ReadTimeout:           10 * time.Second,
-		WriteTimeout:          30 * time.Second,
-		IdleTimeout:           120 * time.Second,
-		MaxRequestBodySize:    admin.MaxBody,
+		Handler:            a.AdminHandler(),
+		Name:               "rategate-admin",
+		ReadTimeout:        10 * time.Second,
+		WriteTimeout:       30 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		MaxRequestBodySize: admin.MaxBody,
+		// Connections need no token to be held open: bounded, so that
+		// idle ones cannot take every file descriptor (each is a 503
+		// past the cap; the main listener has its own, handler.NewServer).
+		Concurrency:           adminMaxConns,
 		ErrorHandler:          admin.ErrorHandler,
 		NoDefaultServerHeader: true,
 		Logger:                fasthttpLogger{a.log},
 	}
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(handler.LingerListener(ln)) }()
+	go func() { serveErr <- srv.Serve(handler.LingerListener(ln, acceptLogger(a.log, "main"))) }()
 	// Lingering too: a client still sending a body over the limit reads
 	// its 413 instead of a broken pipe.
-	go func() { serveErr <- adminSrv.Serve(handler.LingerListener(adminLn)) }()
+	go func() { serveErr <- adminSrv.Serve(handler.LingerListener(adminLn, acceptLogger(a.log, "admin"))) }()
 	a.log.Info().Str("admin_listen", adminLn.Addr().String()).Bool("admin_token", cfg.Admin.Token != "").
 		Msg("admin API ready: /metrics, /v1/rules, /v1/reload, /v1/keys/{rule}, /v1/top")
 	a.log.Info().Str("listen", ln.Addr().String()).Str("store", a.store.Name()).

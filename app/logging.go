@@ -30,3 +30,14 @@ type fasthttpLogger struct{ log zerolog.Logger }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Debug().Msgf(format, args...)
 }
+
+// acceptLogger reports a listener's failed accepts (handler.LingerListener
+// pauses and tries again): at most one error line every 10 s, saying what
+// to change.
+func acceptLogger(log zerolog.Logger, listener string) func(error) {
+	sampled := log.Sample(&zerolog.BurstSampler{Burst: 1, Period: 10 * time.Second})
+	return func(err error) {
+		sampled.Error().Err(err).Str("listener", listener).
+			Msg("cannot accept connections (out of file descriptors or memory): new clients wait until open connections close; raise the open-files limit (ulimit -n, LimitNOFILE) above the connection cap")
+	}
+}

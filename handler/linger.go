@@ -1,9 +1,11 @@
 package handler
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -23,20 +25,53 @@ const (
 )
 
 // LingerListener wraps ln so that every connection it accepts closes with
-// a lingering close (bounded: at most a second and 64 MiB read).
-func LingerListener(ln net.Listener) net.Listener { return lingerListener{ln} }
+// a lingering close (bounded: at most a second and 64 MiB read), and so
+// that running out of file descriptors or kernel memory does not stop the
+// server: such an accept is tried again after a pause (5 ms, doubling up
+// to a second while it keeps failing), as net/http does, and onErr (nil:
+// none) hears of each failure. fasthttp takes any accept error but a
+// timeout for the end of the listener, and rategate would stop: a client
+// that could open enough connections would stop every limit.
+func LingerListener(ln net.Listener, onErr func(error)) net.Listener {
+	return lingerListener{ln, onErr}
+}
 
-type lingerListener struct{ net.Listener }
+type lingerListener struct {
+	net.Listener
+	onErr func(error)
+}
+
+// maxAcceptPause bounds the pause between failed accepts.
+const maxAcceptPause = time.Second
 
 func (l lingerListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	var pause time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			if !exhausted(err) {
+				return nil, err
+			}
+			if l.onErr != nil {
+				l.onErr(err)
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), maxAcceptPause)
+			time.Sleep(pause)
+			continue
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			return &lingerConn{TCPConn: tc}, nil
+		}
+		return c, nil
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		return &lingerConn{TCPConn: tc}, nil
-	}
-	return c, nil
+}
+
+// exhausted reports whether an accept failed for want of a resource that
+// comes back when connections close: file descriptors (the process's or
+// the system's) or kernel memory.
+func exhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 type lingerConn struct {

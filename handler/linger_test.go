@@ -17,7 +17,7 @@ func TestLingerSkippedAfterClientEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	lln := LingerListener(ln)
+	lln := LingerListener(ln, nil)
 	for _, ends := range []bool{true, false} {
 		client, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {

@@ -37,7 +37,7 @@ func hardenedOn(t *testing.T, opts ServerOptions, ln net.Listener) string {
 	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
 	srv := NewServer(New(l, l, Options{}), opts)
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(LingerListener(ln)) }()
+	go func() { done <- srv.Serve(LingerListener(ln, nil)) }()
 	t.Cleanup(func() {
 		noErr(t, ln.Close())
 		noErr(t, <-done)

@@ -135,17 +135,29 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// maxPooledBuf bounds the buffers kept in the pool, so one huge request does
-// not pin its memory for good.
+// maxPooledBuf bounds each buffer kept in the pool, so one huge request
+// does not pin its memory for good.
 const maxPooledBuf = 16 << 10
 
-// put clears the request's references and returns s to the pool.
+// put clears the request's references and returns s to the pool, without
+// the buffers a huge request grew past maxPooledBuf: only those are grown
+// again by the next such request (dropping the whole scratch made it
+// regrow every buffer: 86 allocations and twice the CPU from a 16.5 KB
+// route on).
 func (h *Handler) put(s *scratch) {
 	s.req = limits.Request{}
-	if cap(s.route) > maxPooledBuf || cap(s.buf) > maxPooledBuf || cap(s.list) > maxPooledBuf {
-		return
-	}
+	s.route, s.ip, s.host = shed(s.route), shed(s.ip), shed(s.host)
+	s.buf, s.list, s.item = shed(s.buf), shed(s.list), shed(s.item)
+	s.dec.ShedBuffers(maxPooledBuf)
 	h.pool.Put(s)
+}
+
+// shed returns b, or nil when it grew past maxPooledBuf.
+func shed(b []byte) []byte {
+	if cap(b) > maxPooledBuf {
+		return nil
+	}
+	return b
 }
 
 // clientIP returns the client address from the configured IP header.

@@ -99,6 +99,18 @@ type Decision struct {
 	lease  leaseScratch
 }
 
+// ShedBuffers drops the key and identity buffers of d that grew past max
+// bytes (a request with huge identity values), so that a Decision kept for
+// reuse does not hold that memory; the next request grows them again.
+func (d *Decision) ShedBuffers(max int) {
+	if cap(d.keyBuf) > max {
+		d.keyBuf = nil
+	}
+	if cap(d.ident) > max {
+		d.ident = nil
+	}
+}
+
 // StoreOp names a store call for a StoreObserver.
 type StoreOp uint8
 

@@ -26,6 +26,10 @@ func TestAppendIPIdentity(t *testing.T) {
 		{"::1", 64, "::/64"},
 		{"192.0.2.7", 64, "192.0.2.7"}, // IPv4 is never masked
 		{"192.0.2.7", 48, "192.0.2.7"},
+		// IPv4-mapped: the IPv4 client, unmapped here too (the admin API's
+		// ?ip= comes straight from netip.ParseAddr), not ::/64
+		{"::ffff:192.0.2.7", 64, "192.0.2.7"},
+		{"::ffff:192.0.2.7", 128, "192.0.2.7"},
 	}
 	for _, tt := range tests {
 		got := string(limits.AppendIPIdentity([]byte("x="), netip.MustParseAddr(tt.addr), tt.bits))

@@ -758,3 +758,26 @@ func TestBreakerCanceledTrialDecidesNothing(t *testing.T) {
 		t.Fatalf("transitions %v, want %v", got, want)
 	}
 }
+
+// TestBreakerCanceledIsNoFailure: with the default failure test, callers
+// that gave up (context.Canceled) do not count toward opening the breaker,
+// however many there are; the store's own errors do.
+func TestBreakerCanceledIsNoFailure(t *testing.T) {
+	f := &fakeStore{}
+	f.set(context.Canceled, nil)
+	b, _ := newTestBreaker(t, f, limits.BreakerOptions{FailureThreshold: 2})
+	for i := 0; i < 5; i++ {
+		if err := decideErr(b); !errors.Is(err, context.Canceled) {
+			t.Fatalf("call %d returned %v, want context.Canceled", i+1, err)
+		}
+	}
+	if s := b.State(); s != limits.BreakerClosed {
+		t.Fatalf("state %s after 5 canceled calls, want closed", s)
+	}
+	f.set(errRefused, nil)
+	_ = decideErr(b)
+	_ = decideErr(b)
+	if s := b.State(); s == limits.BreakerClosed {
+		t.Fatalf("state %s after 2 failures at threshold 2, want open", s)
+	}
+}

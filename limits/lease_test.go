@@ -427,6 +427,47 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 	}
 }
 
+// TestLeaseGiveBackIntoALaterSlice: a unit spent from one window's slice
+// and given back once the next window's slice is taken (a decision that
+// took long, another rule's store call) does not go into the new slice:
+// that window's units were all counted by their own take, and the unit
+// would be spent twice.
+func TestLeaseGiveBackIntoALaterSlice(t *testing.T) {
+	r := leasedRule("global", limits.FixedWindow, 100, time.Second)
+	g := newLeaseRig(t, 1, limits.LeaseOptions{}, r)
+	l := g.lims[0]
+	g.now = (g.now/1_000_000)*1_000_000 + 999_000
+	for i := 0; i < 50; i++ {
+		g.now += 10
+		g.decide(0, "", 0)
+	}
+	e := l.LeaseEntry("lt:{global:}:fw2", r, g.now)
+	ep, ok := e.TrySpend(1, g.now)
+	if !ok {
+		t.Fatal("nothing to spend")
+	}
+	// the next window, and a decision in it that takes a new slice
+	g.now = (g.now/1_000_000+1)*1_000_000 + 10
+	admitted := 0
+	if g.decide(0, "", 0).Admitted {
+		admitted++
+	}
+	a := e.Avail()
+	e.GiveBack(1, ep, g.now)
+	if got := e.Avail(); got != a {
+		t.Errorf("avail %d after giving back a unit of the last window's slice, was %d", got, a)
+	}
+	for i := 0; i < 200; i++ {
+		g.now += 10
+		if g.decide(0, "", 0).Admitted {
+			admitted++
+		}
+	}
+	if admitted > 100 {
+		t.Errorf("%d admitted in one window of a limit of 100", admitted)
+	}
+}
+
 // TestLeaseInspectAndReset: the admin view shows what this instance holds
 // and what the store says is leased; a reset keeps what live slices hold
 // counted, so they cannot be spent twice.

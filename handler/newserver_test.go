@@ -281,6 +281,16 @@ func TestServerFirstRequestFromAccept(t *testing.T) {
 	check(t, held < timeout*3/2, "connection held %v, want about ReadTimeout (%v) from accept", held, timeout)
 }
 
+// settledHeap is the live heap after two collections (the second frees
+// what the first's finalizers and sync.Pool's victim cache released).
+func settledHeap() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
 // TestServerIdleConnectionMemory: what an idle keep-alive connection pins
 // is its read buffer and little more (DefaultMaxConns says so).
 func TestServerIdleConnectionMemory(t *testing.T) {
@@ -288,15 +298,8 @@ func TestServerIdleConnectionMemory(t *testing.T) {
 		t.Skip("heap sizes differ under the race detector")
 	}
 	addr := hardened(t, ServerOptions{})
-	heap := func() int64 {
-		var m runtime.MemStats
-		runtime.GC()
-		runtime.GC()
-		runtime.ReadMemStats(&m)
-		return int64(m.HeapAlloc)
-	}
 	const n = 200
-	before := heap()
+	before := settledHeap()
 	for range n {
 		c := dial(t, addr)
 		noErr(t, c.SetDeadline(time.Time{}))
@@ -306,7 +309,7 @@ func TestServerIdleConnectionMemory(t *testing.T) {
 		equal(t, 204, status)
 	}
 	time.Sleep(100 * time.Millisecond) // every server goroutine back in its idle wait
-	per := (heap() - before) / n
+	per := (settledHeap() - before) / n
 	t.Logf("heap per idle keep-alive connection: %.1f KiB (read buffer %d KiB)", float64(per)/1024, DefaultReadBufferSize>>10)
 	check(t, per < DefaultReadBufferSize+16<<10, "an idle connection pins %d bytes, want at most the read buffer and 16 KiB", per)
 }
@@ -323,17 +326,10 @@ func TestServerBigHeadConnectionMemory(t *testing.T) {
 		t.Skip("heap sizes differ under the race detector")
 	}
 	addr := hardened(t, ServerOptions{})
-	heap := func() int64 {
-		var m runtime.MemStats
-		runtime.GC()
-		runtime.GC()
-		runtime.ReadMemStats(&m)
-		return int64(m.HeapAlloc)
-	}
 	big := "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-Pad: " +
 		strings.Repeat("p", 60_000) + "\r\n\r\n"
 	const n = 100
-	before := heap()
+	before := settledHeap()
 	var conns []net.Conn
 	for range n {
 		c := dial(t, addr)
@@ -348,7 +344,7 @@ func TestServerBigHeadConnectionMemory(t *testing.T) {
 		conns = append(conns, c)
 	}
 	time.Sleep(100 * time.Millisecond) // every server goroutine done with its connection
-	per := (heap() - before) / n
+	per := (settledHeap() - before) / n
 	t.Logf("heap per connection after a 60 KB head: %.1f KiB", float64(per)/1024)
 	check(t, per < DefaultReadBufferSize+16<<10, "a connection after a 60 KB head pins %d bytes, want at most the read buffer and 16 KiB", per)
 	runtime.KeepAlive(conns)

@@ -389,9 +389,11 @@ func TestLeaseStoreDownSpendsThenFailureMode(t *testing.T) {
 	}
 }
 
-// TestLeaseGiveBackAfterSliceEnded: a unit spent from a slice that has
-// ended since is not given back (it would resurrect an ended slice).
-func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
+// spendLateInWindow runs 50 decisions of a leased 100/s fixed_window rule
+// in the last millisecond of a window, then spends one unit of its slice
+// directly: the rig, its limiter, the lease entry and the spend's epoch.
+func spendLateInWindow(t *testing.T) (*leaseRig, *limits.Limiter, limits.LeaseEntry, uint64) {
+	t.Helper()
 	r := leasedRule("global", limits.FixedWindow, 100, time.Second)
 	g := newLeaseRig(t, 1, limits.LeaseOptions{}, r)
 	l := g.lims[0]
@@ -405,6 +407,13 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 	if !ok {
 		t.Fatal("nothing to spend")
 	}
+	return g, l, e, ep
+}
+
+// TestLeaseGiveBackAfterSliceEnded: a unit spent from a slice that has
+// ended since is not given back (it would resurrect an ended slice).
+func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
+	g, l, e, ep := spendLateInWindow(t)
 	before := e.Avail()
 	// The window ends; the sweep drops the slice.
 	g.now = (g.now/1_000_000 + 1) * 1_000_000
@@ -416,7 +425,7 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 	// A give back within the slice's life does go back.
 	g.now += 10
 	g.decide(0, "", 0)
-	ep, ok = e.TrySpend(1, g.now)
+	ep, ok := e.TrySpend(1, g.now)
 	if !ok {
 		t.Fatal("nothing to spend in the new window")
 	}
@@ -433,19 +442,7 @@ func TestLeaseGiveBackAfterSliceEnded(t *testing.T) {
 // that window's units were all counted by their own take, and the unit
 // would be spent twice.
 func TestLeaseGiveBackIntoALaterSlice(t *testing.T) {
-	r := leasedRule("global", limits.FixedWindow, 100, time.Second)
-	g := newLeaseRig(t, 1, limits.LeaseOptions{}, r)
-	l := g.lims[0]
-	g.now = (g.now/1_000_000)*1_000_000 + 999_000
-	for i := 0; i < 50; i++ {
-		g.now += 10
-		g.decide(0, "", 0)
-	}
-	e := l.LeaseEntry("lt:{global:}:fw2", r, g.now)
-	ep, ok := e.TrySpend(1, g.now)
-	if !ok {
-		t.Fatal("nothing to spend")
-	}
+	g, _, e, ep := spendLateInWindow(t)
 	// the next window, and a decision in it that takes a new slice
 	g.now = (g.now/1_000_000+1)*1_000_000 + 10
 	admitted := 0

@@ -46,10 +46,10 @@ vet: fmt
 # running at once starve each other and those bounds stop meaning anything.
 unit:
 	$(GO) test -race -count=1 -p 1 -timeout 20m ./...
-	@# The hot-path allocation guards and the idle-connection memory test
+	@# The hot-path allocation guards and the connection memory tests
 	@# skip under -race (the race detector makes sync.Pool drop items and
 	@# changes heap sizes), so they run once more without it.
-	$(GO) test -count=1 -run 'Allocs|CostsNothing|IdleConnectionMemory' ./handler/ ./app/ ./limits/ ./limits/redisstore/
+	$(GO) test -count=1 -run 'Allocs|CostsNothing|ConnectionMemory' ./handler/ ./app/ ./limits/ ./limits/redisstore/
 	@# The fault suite once more on the other way of deciding: EVALSHA
 	@# instead of FCALL of the function library (redis.functions: false).
 	$(GO) test -count=1 -timeout 10m ./faults/ -args -faults.functions=false

@@ -22,7 +22,7 @@ const (
 	// nothing: the handler itself, identity parsing and the decision's
 	// context (reused, see deadline.go) allocate nothing.
 	handlerAllocs = 0
-	// hugeAllocs: the allowed request of TestHugeRequestKeepsTheRest, an
+	// hugeAllocs: the allowed request of TestHugeRequestAllocs, an
 	// 18 KB route: the route, key and identity buffers grow from nothing
 	// again (geometrically), the rest is reused. Measured 40.
 	hugeAllocs = 50
@@ -107,13 +107,13 @@ func TestForwardedAllocs(t *testing.T) {
 	}
 }
 
-// TestHugeRequestKeepsTheRest: a request whose route (and so its key) grows
+// TestHugeRequestAllocs: a request whose route (and so its key) grows
 // a buffer past maxPooledBuf gives back only that buffer: the scratch goes
 // back to the pool with every buffer bounded, and the next such request
 // grows just the large ones again. (put used to drop the whole scratch:
 // from a 16.5 KB route on, each request regrew everything, 86 allocations
 // and twice the CPU of one just below.)
-func TestHugeRequestKeepsTheRest(t *testing.T) {
+func TestHugeRequestAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items on purpose; run without -race")
 	}

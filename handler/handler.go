@@ -312,18 +312,24 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetBody(bodyNotFound)
 	}
-	if len(ctx.Request.Header.RawHeaders()) > bigHead {
+	if len(ctx.Request.Header.RawHeaders()) > bigHead && crowded(ctx.Conn()) {
 		ctx.SetConnectionClose()
 	}
 }
 
-// bigHead is the request head past which the connection closes after its
-// answer. fasthttp keeps a connection's parsed head (two copies of it,
-// sized to the largest head the connection carried) while it idles: 8,192
-// connections that each carried a 60 KB head once held 1.7 GiB, against
-// about 72 KiB each otherwise (TestServerBigHeadConnectionMemory). NGINX's
-// auth subrequests are a few hundred bytes to a few KiB; one that is not
-// costs a new connection.
+// bigHead is the request head past which a connection closes after its
+// answer while the listener is crowded (crowdedConns). fasthttp keeps a
+// connection's parsed head (two copies of it, sized to the largest head
+// the connection carried) while it idles: 8,192 connections that each
+// carried a 60 KB head once held 1.7 GiB, against about 72 KiB each
+// otherwise (TestServerBigHeadConnectionMemory); with the close, at most
+// crowdedConns of them do (about 100 MiB). Below that, as NGINX's
+// keep-alive connections are, such connections stay open: a client can
+// send heads this large through NGINX (its client header buffers and the
+// copied URI), and a close per request would move NGINX to a new
+// connection per request (TIME_WAIT sockets on its side: measured 6% of
+// them, about 7,800 such requests a second to use up its ports to one
+// rategate, and then every subrequest fails).
 const bigHead = 16 << 10
 
 // ready answers 200 when the store answers a ping within the timeout.

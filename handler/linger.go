@@ -32,13 +32,17 @@ const (
 // none) hears of each failure. fasthttp takes any accept error but a
 // timeout for the end of the listener, and rategate would stop: a client
 // that could open enough connections would stop every limit.
+//
+// It also counts the connections it accepted that are still open, which
+// Serve reads (crowded).
 func LingerListener(ln net.Listener, onErr func(error)) net.Listener {
-	return lingerListener{ln, onErr}
+	return lingerListener{ln, onErr, new(atomic.Int64)}
 }
 
 type lingerListener struct {
 	net.Listener
 	onErr func(error)
+	open  *atomic.Int64 // connections accepted and not yet closed
 }
 
 // maxAcceptPause bounds the pause between failed accepts.
@@ -60,7 +64,8 @@ func (l lingerListener) Accept() (net.Conn, error) {
 			continue
 		}
 		if tc, ok := c.(*net.TCPConn); ok {
-			return &lingerConn{TCPConn: tc}, nil
+			l.open.Add(1)
+			return &lingerConn{TCPConn: tc, open: l.open}, nil
 		}
 		return c, nil
 	}
@@ -85,6 +90,21 @@ type lingerConn struct {
 	// to drain, so the connection closes at once, without the half-close
 	// and the read.
 	peerDone atomic.Bool
+	// open is its listener's count of open connections; closed makes
+	// Close take this one off it once.
+	open   *atomic.Int64
+	closed atomic.Bool
+}
+
+// crowdedConns is the number of open connections from which Serve closes
+// a connection after a request head over bigHead (a variable for tests).
+var crowdedConns int64 = 512
+
+// crowded reports whether c's listener holds more than crowdedConns open
+// connections (true for a connection of another listener: unknown).
+func crowded(c net.Conn) bool {
+	lc, ok := c.(*lingerConn)
+	return !ok || lc.open.Load() > crowdedConns
 }
 
 // Read records the client's end of the stream.
@@ -114,6 +134,9 @@ func (c *lingerConn) lingers() bool {
 // Close half-closes, drains what the client still sends, then closes (see
 // lingers).
 func (c *lingerConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
 	if !c.lingers() {
 		return c.TCPConn.Close()
 	}

@@ -118,7 +118,7 @@ func TestExceptionsInvalid(t *testing.T) {
 			[]string{`rules[0] "r": exceptions[1]: names the same identity as exceptions[0]`}},
 		{"empty user", head + "      - match: {user: \"\"}\n        exempt: true\n", []string{`rules[0] "r": exceptions[0]: match user is empty`}},
 		{"user with a space no request has", head + "      - match: {user: \" spaced\"}\n        exempt: true\n",
-			[]string{`rules[0] "r": exceptions[0]: match user " spaced" starts or ends with white space, which HTTP trims from a header value: no request is this user`}},
+			[]string{`rules[0] "r": exceptions[0]: match user " spaced" starts or ends with white space, which rategate trims from a header value: no request is this user`}},
 		{"user with a control byte", head + "      - match: {user: \"a\\x01b\"}\n        exempt: true\n",
 			[]string{`rules[0] "r": exceptions[0]: match user "a\x01b" holds the control byte 0x01`}},
 		{"bad ip", ipHead + "      - match: {ip: 10.0.0.300}\n        exempt: true\n", []string{`rules[0] "r": exceptions[0]: match ip "10.0.0.300" is not an IP address or a CIDR range`}},

@@ -669,6 +669,10 @@ func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format strin
 			continue
 		}
 		first[name] = h.Name
+		if msg := limits.HeaderValueProblem(h.Value); msg != "" {
+			at(h.Line, "match.header %q value %q %s: no request sends this value", h.Name, h.Value, msg)
+			continue
+		}
 		out.Headers = append(out.Headers, limits.HeaderMatch{Name: name, Value: []byte(h.Value)})
 	}
 	sort.Slice(out.Headers, func(i, j int) bool { return out.Headers[i].Name < out.Headers[j].Name })

@@ -574,6 +574,56 @@ func TestDuplicateRuleHeaderThroughNginx(t *testing.T) {
 	}
 }
 
+// TestPaddedHeaderThroughNginx: NGINX trims only spaces and tabs from a
+// header value; an application commonly trims more (Python's str.strip
+// takes NBSP and NEL, read as Latin-1 or UTF-8; JavaScript's trim takes
+// U+3000 and the BOM). A value a rule reads, padded with such white space,
+// is the value it pads: a padded copy of a key over its limit gets nothing
+// through. A control byte is refused: by rategate's HTTP server (a 400,
+// which auth_request makes a 500), or, under Lua, by rategate_access.lua
+// itself (400): lua-nginx-module would hand rategate "gold%0B", a fresh
+// quota, while the application gets the byte and may trim it.
+func TestPaddedHeaderThroughNginx(t *testing.T) {
+	m := startMini(t)
+	needLuaModule(t)
+	rules := `    - name: plan
+      match: {path: /user/}
+      key: ["header:X-Plan"]
+      algorithm: fixed_window
+      limit: 2
+      period: 24h
+`
+	rg := m.rategate(t, "rategate", policy(429, "pad", "", rules))
+	needWindow(t, window, 60*time.Second)
+	for i, v := range []struct {
+		conf    string
+		control int
+	}{{"nginx.conf", 500}, {"openresty.conf", 400}} {
+		t.Run(v.conf, func(t *testing.T) {
+			nx := startNginx(t, fmt.Sprintf("pad%d", i), v.conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr})
+			plan := fmt.Sprintf("gold%d", i)
+			req := func(value string) request {
+				return request{Path: "/user/feed", Header: []string{"X-User: dave", "X-Plan: " + value}}
+			}
+			for _, want := range []int{200, 200, 429} {
+				wantStatus(t, nx.do(t, req(plan)), want)
+			}
+			for _, pad := range []string{"\xa0", "\x85", "\xc2\xa0", "\xc2\x85", "\xe3\x80\x80", "\xef\xbb\xbf", "\xe2\x80\x8b"} {
+				for _, value := range []string{plan + pad, pad + plan, pad + plan + pad + pad} {
+					if r := nx.do(t, req(value)); r.Status != 429 {
+						t.Errorf("X-Plan %q: %d, want 429 (the quota of %q)", value, r.Status, plan)
+					}
+				}
+			}
+			for _, value := range []string{plan + "\x0b", plan + "\x1f", "\x1c" + plan} {
+				if r := nx.do(t, req(value)); r.Status != v.control {
+					t.Errorf("X-Plan %q: %d, want %d", value, r.Status, v.control)
+				}
+			}
+		})
+	}
+}
+
 // TestManyRulesThroughNginx: a client chooses how many rules its request
 // matches (here by sending X-Tier), and NGINX reads rategate's answer head
 // into 4 KiB. Forty matching rules of 64-character names once made the

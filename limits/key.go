@@ -3,6 +3,8 @@ package limits
 import (
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Key layout: <prefix>:{<rule>:<identity>}:<suffix>
@@ -20,17 +22,17 @@ import (
 const maxIdentity = 96
 
 // HeaderValueProblem says why v can never be the value of a request
-// header, as /auth reads it ("" when it can be): HTTP trims white space
-// from both ends of a value, and no value holds a control byte other than
-// a tab. An identity made of such a value (a user, a header dimension, a
+// header, as /auth reads it ("" when it can be): white space at either end
+// is trimmed (TrimValue), and no value holds a control byte other than a
+// tab. An identity made of such a value (a user, a header dimension, a
 // host) names no request: an override or exception of it would never
 // apply.
 func HeaderValueProblem(v string) string {
 	if v == "" {
 		return ""
 	}
-	if isBlank(v[0]) || isBlank(v[len(v)-1]) {
-		return "starts or ends with white space, which HTTP trims from a header value"
+	if len(TrimValue([]byte(v))) != len(v) {
+		return "starts or ends with white space, which rategate trims from a header value"
 	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
@@ -40,7 +42,85 @@ func HeaderValueProblem(v string) string {
 	return ""
 }
 
-func isBlank(c byte) bool { return c == ' ' || c == '\t' }
+// TrimValue returns v without the white space at its ends, as a header
+// value that names a client (the user, a header a rule is keyed on or
+// matches) is counted. NGINX trims only spaces and tabs and passes the
+// rest on; applications commonly trim more (Python's str.strip, Go's
+// strings.TrimSpace, JavaScript's trim, Java's trim), so "k", "k\u00a0"
+// and "k\x85" are one API key to them, and would otherwise be three
+// quotas here. Trimmed at each end, repeatedly:
+//   - bytes up to 0x20, and 0x7f (spaces, tabs, control bytes);
+//   - Unicode white space in UTF-8 (unicode.IsSpace: NEL, NBSP, U+1680,
+//     U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000), and the
+//     invisible U+180E, U+200B and U+FEFF, which some runtimes trim;
+//   - the single bytes 0x85 and 0xa0 where they are not part of a UTF-8
+//     character: NEL and NBSP to an application that reads header bytes
+//     as Latin-1, as HTTP's own default is.
+//
+// Trimming more than an application does only joins spellings into one
+// quota, the strict side. It returns a subslice of v: no allocation.
+func TrimValue(v []byte) []byte {
+	for len(v) > 0 {
+		c := v[0]
+		if c > ' ' && c < 0x7f {
+			break
+		}
+		n := trimmableAt(v)
+		if n == 0 {
+			break
+		}
+		v = v[n:]
+	}
+	for len(v) > 0 {
+		c := v[len(v)-1]
+		if c > ' ' && c < 0x7f {
+			break
+		}
+		n := trimmableBefore(v)
+		if n == 0 {
+			break
+		}
+		v = v[:len(v)-n]
+	}
+	return v
+}
+
+// trimmableAt is the length of the white space that starts v (0: none).
+func trimmableAt(v []byte) int {
+	r, n := utf8.DecodeRune(v)
+	if r == utf8.RuneError && n == 1 {
+		return latin1Space(v[0])
+	}
+	if isTrimmable(r) {
+		return n
+	}
+	return 0
+}
+
+// trimmableBefore is the length of the white space that ends v (0: none).
+func trimmableBefore(v []byte) int {
+	r, n := utf8.DecodeLastRune(v)
+	if r == utf8.RuneError && n == 1 {
+		return latin1Space(v[len(v)-1])
+	}
+	if isTrimmable(r) {
+		return n
+	}
+	return 0
+}
+
+func isTrimmable(r rune) bool {
+	return r <= ' ' || r == 0x7f || unicode.IsSpace(r) || r == 0x180e || r == 0x200b || r == 0xfeff
+}
+
+// latin1Space is 1 for a byte outside any UTF-8 character that is white
+// space in Latin-1 (NEL, NBSP), else 0.
+func latin1Space(c byte) int {
+	if c == 0x85 || c == 0xa0 {
+		return 1
+	}
+	return 0
+}
 
 // MaxKeyLen is the longest key AppendKey can produce for a valid rule
 // (prefix <= 32, rule name <= 64).
@@ -87,14 +167,15 @@ func AppendIdentity(dst []byte, r *Rule, req *Request) (out []byte, ok bool) {
 		case KeyIP:
 			dst = appendEscaped(dst, req.IP)
 		case KeyUser:
-			if len(req.User) == 0 {
+			user := TrimValue(req.User)
+			if len(user) == 0 {
 				if r.Anonymous == AnonymousSkip {
 					return dst, false
 				}
 				dst = append(dst, '=')
 				dst = appendEscaped(dst, req.IP)
 			} else {
-				dst = appendEscaped(dst, req.User)
+				dst = appendEscaped(dst, user)
 			}
 		case KeyRoute:
 			dst = appendEscaped(dst, req.Route)
@@ -110,7 +191,7 @@ func AppendIdentity(dst []byte, r *Rule, req *Request) (out []byte, ok bool) {
 			dst = appendEscaped(dst, req.Host)
 		case KeyHeader:
 			if req.Headers != nil {
-				dst = appendEscaped(dst, req.Headers.Peek(p.Header))
+				dst = appendEscaped(dst, TrimValue(req.Headers.Peek(p.Header)))
 			}
 		}
 	}

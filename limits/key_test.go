@@ -109,7 +109,8 @@ func TestKeysAreInjectiveBoundedAndTagged(t *testing.T) {
 				t.Fatalf("key %q has byte %#x", key, c)
 			}
 		}
-		id := [2]string{user, tenant}
+		// one identity: the values as counted, trimmed (TrimValue)
+		id := [2]string{string(TrimValue([]byte(user))), string(TrimValue([]byte(tenant)))}
 		if prev, ok := seen[key]; ok && prev != id {
 			t.Fatalf("collision: %q and %q both give %q", prev, id, key)
 		}
@@ -146,23 +147,93 @@ func FuzzKey(f *testing.F) {
 	})
 }
 
-// TestHeaderValueProblem: values HTTP cannot carry in a header are named,
+// TestHeaderValueProblem: values /auth never counts as sent are named,
 // everything else (a tab inside, bytes above 0x7f) passes.
 func TestHeaderValueProblem(t *testing.T) {
 	for v, want := range map[string]string{
-		"":            "",
-		"acme":        "",
-		"a b\tc":      "",
-		"caf\xc3\xa9": "",
-		" acme":       "white space",
-		"acme\t":      "white space",
-		"a\x00b":      "control byte 0x00",
-		"a\x1fb":      "control byte 0x1f",
-		"a\x7fb":      "control byte 0x7f",
+		"":             "",
+		"acme":         "",
+		"a b\tc":       "",
+		"caf\xc3\xa9":  "",
+		"voil\xc3\xa0": "",
+		"a\u00a0b":     "",
+		" acme":        "white space",
+		"acme\t":       "white space",
+		"acme\u00a0":   "white space",
+		"\u3000acme":   "white space",
+		"acme\xa0":     "white space",
+		"a\x00b":       "control byte 0x00",
+		"a\x1fb":       "control byte 0x1f",
+		"a\x7fb":       "control byte 0x7f",
 	} {
 		got := HeaderValueProblem(v)
 		if (want == "") != (got == "") || !strings.Contains(got, want) {
 			t.Errorf("HeaderValueProblem(%q) = %q, want one with %q", v, got, want)
 		}
+	}
+}
+
+// TestTrimValue: the white space applications trim from a header value is
+// trimmed here too, so a padded API key is the same quota; characters that
+// merely end in the bytes of a white space (à is C3 A0, NBSP in Latin-1
+// is A0) and white space inside stay.
+func TestTrimValue(t *testing.T) {
+	for v, want := range map[string]string{
+		"":                          "",
+		"k":                         "k",
+		" \tk\t ":                   "k",
+		"k\u00a0":                   "k", // NBSP, UTF-8
+		"k\xa0":                     "k", // NBSP, Latin-1
+		"k\x85":                     "k", // NEL, Latin-1
+		"\u0085k":                   "k", // NEL, UTF-8
+		"\xa0\xa0k\xa0 \u3000":      "k",
+		"k\u2000\u200a\u2028\u2029": "k",
+		"\u202fk\u205f":             "k",
+		"\u1680k\u180e":             "k",
+		"\ufeffk\u200b":             "k", // BOM and zero-width space
+		"k\x0b\x1c\x1f\x7f":         "k", // control bytes (Python's strip, Java's trim)
+		"\u00a0":                    "",
+		"k\u00a0x":                  "k\u00a0x",
+		"voil\u00e0":                "voil\u00e0", // ends C3 A0: a letter
+		"k\u00c5":                   "k\u00c5",    // ends C3 85
+		"\u00a0\u00e0":              "\u00e0",
+		"\xe0\xa0":                  "\xe0", // not UTF-8: the A0 is Latin-1's
+		"k\ufffd":                   "k\ufffd",
+	} {
+		if got := string(TrimValue([]byte(v))); got != want {
+			t.Errorf("TrimValue(%q) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+// TestPaddedValuesAreOneIdentity: a user or a header value padded with
+// white space an application would trim is the identity it pads, for the
+// key and for a rule's header match; a user of white space alone is
+// anonymous.
+func TestPaddedValuesAreOneIdentity(t *testing.T) {
+	r := &Rule{Name: "k", Key: []KeyPart{{Kind: KeyUser}, {Kind: KeyHeader, Header: "X-Api-Key"}}, Algorithm: FixedWindow}
+	want := keyOf(t, r, &Request{User: []byte("alice"), Headers: hdrs{"X-Api-Key": "k"}})
+	for _, pad := range []string{"\u00a0", "\xa0", "\x85", "\u3000", "\ufeff", "\u00a0\xa0"} {
+		req := &Request{User: []byte(pad + "alice" + pad), Headers: hdrs{"X-Api-Key": "k" + pad}}
+		if got := keyOf(t, r, req); got != want {
+			t.Errorf("padded with %q: key %q, want %q", pad, got, want)
+		}
+	}
+	anon := keyOf(t, r, &Request{IP: []byte("192.0.2.1"), Headers: hdrs{"X-Api-Key": "k"}})
+	if got := keyOf(t, r, &Request{User: []byte("\u00a0 "), IP: []byte("192.0.2.1"), Headers: hdrs{"X-Api-Key": "k"}}); got != anon {
+		t.Errorf("a user of white space: key %q, want the anonymous %q", got, anon)
+	}
+	skip := &Rule{Name: "s", Key: []KeyPart{{Kind: KeyUser}}, Anonymous: AnonymousSkip}
+	if _, ok := AppendIdentity(nil, skip, &Request{User: []byte("\u00a0")}); ok {
+		t.Error("a user of white space under anonymous: skip was counted")
+	}
+	m := &Rule{Match: Match{Headers: []HeaderMatch{{"X-Plan", []byte("free")}}}}
+	for _, v := range []string{"free", "free\u00a0", "\xa0free", "free\x85"} {
+		if !m.Matches(&Request{Headers: hdrs{"X-Plan": v}}) {
+			t.Errorf("X-Plan %q does not match free", v)
+		}
+	}
+	if m.Matches(&Request{Headers: hdrs{"X-Plan": "fre\u00a0e"}}) {
+		t.Error("X-Plan with white space inside matches free")
 	}
 }

@@ -201,7 +201,7 @@ func (r *Rule) Matches(req *Request) bool {
 		return false
 	}
 	for _, h := range m.Headers {
-		if req.Headers == nil || !bytes.Equal(req.Headers.Peek(h.Name), h.Value) {
+		if req.Headers == nil || !bytes.Equal(TrimValue(req.Headers.Peek(h.Name)), h.Value) {
 			return false
 		}
 	}

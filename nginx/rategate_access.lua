@@ -26,6 +26,9 @@ behind one address one anonymous client.
   other    500 and one error-log line with rategate's answer (a 400 names the
            header the NGINX config fails to set).
 
+A request with a control byte (other than a tab) in a header value gets 400
+before rategate is asked (has_control_byte, below, says why).
+
 It records the decision in $rg_status, $rg_state, $rg_rule and
 $rg_remaining (set to "" by rategate-lua.conf) for $rategate_status, the
 application's X-RateLimit-Status and the "rategate" log format
@@ -96,6 +99,36 @@ local function answer(status, body)
     return ngx.exit(ngx.HTTP_OK)
 end
 
+-- CONTROL matches a control byte other than a tab in a header value (CR and
+-- LF end the header lines of the raw head).
+local CONTROL = [=[[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]]=]
+
+local function raw_header()
+    return ngx.req.raw_header(true)
+end
+
+-- has_control_byte reports whether a header of the request holds a control
+-- byte. lua-nginx-module copies such a value into the subrequest as %XX
+-- (k\x0b reaches rategate as "k%0B"), where it would be a fresh identity,
+-- while the application gets the byte itself and may trim it ("k"); without
+-- Lua, NGINX passes the byte on and rategate refuses the request.
+local function has_control_byte()
+    local ok, raw = pcall(raw_header)
+    if ok then
+        return ngx.re.find(raw, CONTROL, "jo") ~= nil
+    end
+    -- no raw head (HTTP/2): the parsed headers
+    for _, v in pairs(ngx.req.get_headers(0, true)) do
+        if type(v) == "table" then
+            v = table.concat(v, "\n")
+        end
+        if ngx.re.find(v, CONTROL, "jo") then
+            return true
+        end
+    end
+    return false
+end
+
 -- check decides the current request. location is the internal location that
 -- proxies to rategate's /auth; default "/_rategate".
 function _M.check(location)
@@ -103,6 +136,10 @@ function _M.check(location)
     -- copy the subrequest gets (and sends as X-Request-Id) is the one the
     -- access log writes.
     local _ = ngx.var.request_id
+    if has_control_byte() then
+        record(400, {})
+        return answer(400, "Bad Request: a request header holds a control byte.\n")
+    end
     local res = capture(location or "/_rategate", { copy_all_vars = true })
     local status = res.status
     local header = lower(res.header)

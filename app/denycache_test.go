@@ -53,11 +53,7 @@ func newDCInstance(t *testing.T, srv *testredis.Server, prefix string) *dcInstan
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
-	select {
-	case <-a.resets.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("no subscription to the reset channel within 10 s")
-	}
+	resetsReady(t, a)
 	l := a.Limiter()
 	if l.DenyCache() == nil {
 		t.Fatal("no deny cache on a single Redis")
@@ -281,6 +277,7 @@ func TestRedisDataLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
+	resetsReady(t, a) // else its first subscription may clear the denial cached below
 	l := a.Limiter()
 	decide := func() limits.Decision {
 		var d limits.Decision

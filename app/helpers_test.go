@@ -32,6 +32,23 @@ func within(t testing.TB, d time.Duration, what string, cond func() error) time.
 	}
 }
 
+// resetsReady waits (bounded, generously) until a hears key resets through
+// Redis pub/sub. The first subscription clears the deny cache (Resets.Run:
+// resets published before it were missed), so a test that counts on a
+// cached denial must not cache one before then. A no-op without a deny
+// cache.
+func resetsReady(t testing.TB, a *App) {
+	t.Helper()
+	if a.resets == nil {
+		return
+	}
+	select {
+	case <-a.resets.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no subscription to the reset channel within 10 s")
+	}
+}
+
 // syncBuffer is a log sink safe for concurrent writes.
 type syncBuffer struct {
 	mu sync.Mutex

@@ -107,9 +107,11 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, anyN
 			}
 		case limits.KeyHost:
 			if v, ok := need("host"); ok {
-				req.Host = []byte(strings.ToLower(string(v)))
+				req.Host = limits.AppendHost(nil, v)
 				if msg := limits.HeaderValueProblem(string(v)); msg != "" {
 					problems = append(problems, fmt.Sprintf("host: %q %s: no request has this host", v, msg))
+				} else if msg := limits.HostProblem(strings.ToLower(string(v))); msg != "" {
+					problems = append(problems, fmt.Sprintf("host: %q %s", v, msg))
 				}
 			}
 		case limits.KeyHeader:

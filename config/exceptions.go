@@ -325,7 +325,11 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 				return ex, false
 			}
 			if p.Kind == limits.KeyHost {
-				req.Host = []byte(strings.ToLower(v))
+				if msg := limits.HostProblem(strings.ToLower(v)); msg != "" {
+					at("match host %q %s", v, msg)
+					return ex, false
+				}
+				req.Host = limits.AppendHost(nil, []byte(v))
 			} else {
 				req.Headers.(headerValues)[p.Header] = []byte(v)
 			}

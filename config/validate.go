@@ -655,6 +655,8 @@ func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format strin
 		out.Host = strings.ToLower(v.V)
 		if strings.ContainsFunc(v.V, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '/' }) {
 			at(v.Line, "match.host %q is not a host name", v.V)
+		} else if msg := limits.HostProblem(out.Host); msg != "" {
+			at(v.Line, "match.host %q %s", v.V, msg)
 		}
 	}
 	first := map[string]string{}

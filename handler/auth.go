@@ -91,8 +91,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 			host = hdr.Host()
 		}
 	}
-	// Host names are case-insensitive; one host must be one counter.
-	s.host = appendLower(s.host[:0], host)
+	// Host names are case-insensitive, and a port or a trailing dot names
+	// the same host: one host must be one counter, whichever header said it.
+	s.host = limits.AppendHost(s.host[:0], host)
 
 	if h.headers != nil {
 		for _, name := range h.headers.RuleHeaders() {
@@ -440,17 +441,6 @@ func appendHeaderSafe(dst []byte, name string) []byte {
 		c := name[i]
 		if c < 0x20 || c > 0x7e {
 			c = '?'
-		}
-		dst = append(dst, c)
-	}
-	return dst
-}
-
-// appendLower appends b with ASCII letters lower-cased.
-func appendLower(dst, b []byte) []byte {
-	for _, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
 		}
 		dst = append(dst, c)
 	}

@@ -203,7 +203,7 @@ func TestBadRequests(t *testing.T) {
 		{"no IP", []string{"X-Original-URI", "/"}, noIP},
 		{"empty IP", []string{"X-Original-URI", "/", "X-Real-IP", ""}, noIP},
 		{"IP list", []string{"X-Original-URI", "/", "X-Real-IP", "192.0.2.1, 192.0.2.2"}, noIP},
-		{"IP with port", []string{"X-Original-URI", "/", "X-Real-IP", "192.0.2.1:80"}, noIP},
+		{"host name with port", []string{"X-Original-URI", "/", "X-Real-IP", "gw.example:80"}, noIP},
 		{"IP with zone", []string{"X-Original-URI", "/", "X-Real-IP", "fe80::1%eth0"}, noIP},
 		{"not an IP", []string{"X-Original-URI", "/", "X-Real-IP", "unknown"}, noIP},
 	}
@@ -274,6 +274,18 @@ func TestIdentity(t *testing.T) {
 	// ingress-nginx's X-Original-URL always is).
 	ts.auth(t, "X-Original-URI", "http://H./%7euser", "X-Real-IP", "192.0.2.1", "X-Original-Host", "API.example.com")
 	equal(t, "method=GET route=/~user host=h ip=192.0.2.1 user= cost=0", <-rec.got)
+
+	// A port or a trailing dot in X-Original-Host (or Host) names the same
+	// host as X-Original-URL's authority does: one counter, whichever
+	// header said it.
+	for _, host := range []string{"Evil.Example", "evil.example.", "EVIL.example:443", "evil.example.:8080"} {
+		ts.auth(t, "X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-Original-Host", host)
+		equal(t, "method=GET route=/x host=evil.example ip=192.0.2.1 user= cost=0", <-rec.got, "X-Original-Host %q", host)
+		ts.auth(t, "X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "Host", host)
+		equal(t, "method=GET route=/x host=evil.example ip=192.0.2.1 user= cost=0", <-rec.got, "Host %q", host)
+	}
+	ts.auth(t, "X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-Original-Host", "[2001:DB8::1]:443")
+	equal(t, "method=GET route=/x host=[2001:db8::1] ip=192.0.2.1 user= cost=0", <-rec.got)
 }
 
 // TestHeaderNamesAnyCase: header names are case-insensitive, in the config

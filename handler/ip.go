@@ -7,12 +7,14 @@ import (
 )
 
 // parseIP parses one client address as it appears in X-Real-IP or one
-// X-Forwarded-For element: surrounding spaces and tabs are ignored, an
+// X-Forwarded-For element: surrounding spaces and tabs are ignored, a port
+// is dropped ("192.0.2.7:4711", "[2001:db8::7]:4711" and "[2001:db8::7]",
+// as Azure Application Gateway and IIS ARR write the client), an
 // IPv4-mapped IPv6 address is unmapped (so "::ffff:1.2.3.4" and "1.2.3.4"
 // share a counter), and a zone ("fe80::1%eth0") is rejected: a zone is
 // meaningless off the host and would let one client pick many identities.
 func parseIP(b []byte) (netip.Addr, bool) {
-	b = bytes.Trim(b, " \t")
+	b = withoutPort(bytes.Trim(b, " \t"))
 	// Reject zones before parsing: ParseAddr interns zone strings, and no
 	// header should be able to grow a process-wide table.
 	if len(b) == 0 || len(b) > 64 || bytes.IndexByte(b, '%') >= 0 {
@@ -26,6 +28,40 @@ func parseIP(b []byte) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	return addr.Unmap(), true
+}
+
+// withoutPort returns the address of "a.b.c.d:port", "[v6]:port" or
+// "[v6]"; anything else as it is. (A port of an IPv6 address needs the
+// brackets: "::1:80" is an address.)
+func withoutPort(b []byte) []byte {
+	if len(b) > 0 && b[0] == '[' {
+		end := bytes.IndexByte(b, ']')
+		if end < 0 {
+			return b
+		}
+		if rest := b[end+1:]; len(rest) == 0 || rest[0] == ':' && isPort(rest[1:]) {
+			return b[1:end]
+		}
+		return b
+	}
+	i := bytes.IndexByte(b, ':')
+	if i > 0 && bytes.IndexByte(b[i+1:], ':') < 0 && bytes.IndexByte(b[:i], '.') >= 0 && isPort(b[i+1:]) {
+		return b[:i]
+	}
+	return b
+}
+
+// isPort reports whether b is a port number: one to five digits.
+func isPort(b []byte) bool {
+	if len(b) == 0 || len(b) > 5 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // trusted reports whether addr is inside one of the prefixes.

@@ -1,6 +1,9 @@
 package limits
 
-import "bytes"
+import (
+	"bytes"
+	"fmt"
+)
 
 // Route normalization (docs/decision-endpoint.md). The route is what rules
 // match on and what the `route` key dimension counts, so it must be the path
@@ -222,6 +225,14 @@ func URLHost(b []byte) (host []byte, ok bool) {
 	if j := bytes.IndexAny(a, "/?#"); j >= 0 {
 		a = a[:j]
 	}
+	return HostOnly(a), true
+}
+
+// HostOnly returns the host of an authority or Host header value: without
+// a port (a colon outside an IPv6 literal's brackets ends the host) and
+// without one trailing dot, as NGINX's $host has it. It returns a
+// subslice of a.
+func HostOnly(a []byte) []byte {
 	literal := false
 	for i, c := range a {
 		if c == '[' && i == 0 {
@@ -236,7 +247,30 @@ func URLHost(b []byte) (host []byte, ok bool) {
 	if len(a) > 0 && a[len(a)-1] == '.' {
 		a = a[:len(a)-1]
 	}
-	return a, true
+	return a
+}
+
+// AppendHost appends the host of b as /auth counts it: HostOnly, in ASCII
+// lower case (host names are case-insensitive; NGINX lower-cases $host the
+// same way).
+func AppendHost(dst, b []byte) []byte {
+	for _, c := range HostOnly(b) {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// HostProblem says how a configured host differs from every host /auth
+// counts ("" when it does not): "write api.example.com" for
+// "API.example.com:443." and the like.
+func HostProblem(v string) string {
+	if n := string(AppendHost(nil, []byte(v))); n != v {
+		return fmt.Sprintf("is not a host as /auth counts it (no port, no trailing dot, lower case); write %q", n)
+	}
+	return ""
 }
 
 func isAlpha(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -202,6 +203,36 @@ func TestURLHost(t *testing.T) {
 	for _, in := range []string{"/x", "h/x", "", "//h/x", "1http://h/"} {
 		if got, ok := URLHost([]byte(in)); ok {
 			t.Errorf("URLHost(%q) = %q, true; want not an absolute URL", in, got)
+		}
+	}
+}
+
+// TestAppendHost: a host is counted without its port and one trailing dot
+// (a colon inside an IPv6 literal is no port), in ASCII lower case; a
+// configured host that is not already so is named, with what to write.
+func TestAppendHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"api.example.com":        "api.example.com",
+		"API.Example.COM.":       "api.example.com",
+		"api.example.com:443":    "api.example.com",
+		"api.example.com.:443":   "api.example.com",
+		"[2001:DB8::1]:8080":     "[2001:db8::1]",
+		"[2001:db8::1]":          "[2001:db8::1]",
+		"192.0.2.1:80":           "192.0.2.1",
+		"":                       "",
+		"\u00c9vil.example":      "\u00c9vil.example", // ASCII only, as NGINX's $host
+		"user@api.example.com:1": "user@api.example.com",
+	} {
+		if got := string(AppendHost(nil, []byte(in))); got != want {
+			t.Errorf("AppendHost(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if msg := HostProblem("api.example.com"); msg != "" {
+		t.Errorf("HostProblem of a plain host: %q", msg)
+	}
+	for _, v := range []string{"api.example.com:443", "api.example.com.", "API.example.com"} {
+		if msg := HostProblem(v); !strings.Contains(msg, `write "api.example.com"`) {
+			t.Errorf("HostProblem(%q) = %q", v, msg)
 		}
 	}
 }

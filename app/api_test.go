@@ -429,6 +429,26 @@ rules:
 	if code, _ := call(t, s.admin, "GET", "/v1/keys/nope?ip=192.0.2.1", ""); code != 404 {
 		t.Errorf("unknown rule: %d, want 404", code)
 	}
+	// A host with a port or a trailing dot is no host /auth counts, and a
+	// value padded with white space no value it counts.
+	for _, c := range []struct{ param, value, want string }{
+		{"host", "api.example.com:443", `write "api.example.com"`},
+		{"host", "api.example.com.", `write "api.example.com"`},
+		{"header.x-plan", "gold%C2%A0", "starts or ends with white space"},
+		{"header.x-plan", "%E3%80%80gold", "starts or ends with white space"},
+		{"user", "al%0Bx", "control byte"},
+	} {
+		q := map[string]string{"ip": "192.0.2.1", "user": "alice", "route": "/", "method": "get", "host": "h", "header.x-plan": "g"}
+		q[c.param] = c.value
+		path := "/v1/keys/multi?"
+		for _, name := range []string{"ip", "user", "route", "method", "host", "header.x-plan"} {
+			path += name + "=" + q[name] + "&"
+		}
+		code, out := call(t, s.admin, "GET", path, "")
+		if code != 400 || !strings.Contains(strings.ReplaceAll(out, `\"`, `"`), c.want) {
+			t.Errorf("%s=%s: want 400 naming %q, got %d %s", c.param, c.value, c.want, code, out)
+		}
+	}
 	var k admin.KeyView
 	s.api("GET", "/v1/keys/multi?ip=192.0.2.1&user=alice&route=/a/../b&method=get&host=API.example.com&header.x-plan=gold", "", 200, &k)
 	if want := s.limiter.Prefix() + ":{multi:192.0.2.1|alice|/b|GET|api.example.com|gold}:fw2"; k.Key != want {

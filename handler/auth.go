@@ -95,6 +95,12 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// the same host: one host must be one counter, whichever header said it.
 	s.host = limits.AppendHost(s.host[:0], host)
 
+	for i := range h.once {
+		if o := &h.once[i]; repeated(hdr, o.name) {
+			h.badRequest(ctx, o.body, limits.RejectDuplicateHeader, start)
+			return
+		}
+	}
 	if h.headers != nil {
 		for _, name := range h.headers.RuleHeaders() {
 			if repeated(hdr, name) {

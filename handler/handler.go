@@ -7,6 +7,7 @@ package handler
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,11 +132,17 @@ type Handler struct {
 	// ipHeaderName is IPHeader as a string, for PeekAll.
 	ipHeaderName string
 	xff          bool
-	trusted      []netip.Prefix
-	ipv6Prefix   int
-	maxCost      int64
-	denyStatus   atomic.Int32
-	timeout      time.Duration
+	// once lists the identity headers a request must send at most once
+	// (canonical names), each with its 400 body: a proxy in front that
+	// adds its copy after the client's instead of replacing it
+	// (HAProxy's add-header) would otherwise let the client's first copy
+	// name the client. X-Forwarded-For is a list and may repeat.
+	once       []onceHeader
+	trusted    []netip.Prefix
+	ipv6Prefix int
+	maxCost    int64
+	denyStatus atomic.Int32
+	timeout    time.Duration
 
 	// Answers to bad input, built once from the options.
 	missingURI, badURL, ambiguousURL, noIP, badCost []byte
@@ -250,6 +257,14 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 	if h.xff {
 		ipVar = "$proxy_add_x_forwarded_for"
 	}
+	for _, n := range []string{uri, url, name(opts.MethodHeader, DefaultMethodHeader), name(opts.HostHeader, DefaultHostHeader), user, ip, opts.CostHeader} {
+		c := string(canonical(n))
+		if n == "" || h.xff && n == ip || slices.ContainsFunc(h.once, func(o onceHeader) bool { return o.name == c }) {
+			continue
+		}
+		h.once = append(h.once, onceHeader{c, []byte("duplicate " + n + " header: a header rategate reads the client's identity from must be sent once" +
+			` (set it with proxy_set_header, which replaces the client's copy)` + "\n")})
+	}
 	h.noIP = []byte("no valid client IP in " + ip + `: add "proxy_set_header ` + ip + " " + ipVar + `;" to the auth location` + "\n")
 	if h.costHeader != nil {
 		h.badCost = []byte("invalid " + opts.CostHeader + " header: want an integer from 1 to " + strconv.FormatInt(h.maxCost, 10) + "\n")
@@ -355,4 +370,11 @@ func (h *Handler) ready(ctx *fasthttp.RequestCtx) {
 // so that PeekCanonical finds it however the request spelled its case.
 func canonical(name string) []byte {
 	return fasthttp.AppendNormalizedHeaderKey(nil, name)
+}
+
+// onceHeader is an identity header that must come once, and the 400 body
+// for a request that sends it twice.
+type onceHeader struct {
+	name string
+	body []byte
 }

@@ -497,10 +497,13 @@ func TestHostileHeaderValues(t *testing.T) {
 		}
 	}
 
-	// Many repeated lines of every identity header, one request: decided
-	// by the first of each (NGINX sets these itself, replacing the
-	// client's). A header a rule reads, repeated, is refused.
-	for _, plan := range []bool{false, true} {
+	// Many repeated lines of every identity header, one request: refused,
+	// naming the first such header. A proxy that adds its copy after the
+	// client's (HAProxy's add-header) instead of replacing it would
+	// otherwise let the client's copy name the client. X-Forwarded-For is
+	// a list: its lines are walked as one. A header a rule reads, repeated,
+	// is refused too.
+	for _, identity := range []bool{true, false} {
 		var b strings.Builder
 		b.WriteString("GET /auth HTTP/1.1\r\nHost: x\r\n")
 		for i := range 200 {
@@ -510,20 +513,53 @@ func TestHostileHeaderValues(t *testing.T) {
 			}
 			v = v[:min(len(v), 32)]
 			for _, name := range []string{"X-Original-URI", "X-User-Id", "X-Original-Method", "X-Original-Host"} {
-				b.WriteString(name + ": " + v + "\r\n")
+				if identity || i == 0 {
+					b.WriteString(name + ": " + v + "\r\n")
+				}
 			}
-			if plan {
-				b.WriteString("X-Plan: " + v + "\r\n")
-			}
+			b.WriteString("X-Plan: " + v + "\r\n")
 			b.WriteString("X-Forwarded-For: 192.0.2." + strconv.Itoa(i) + "\r\n")
 		}
 		b.WriteString("Connection: close\r\n\r\n")
 		status, body := ts.raw(t, b.String())
-		if plan {
-			equal(t, reply{status: 400, body: "duplicate X-Plan header: a header the rate-limit rules read must be sent once\n", headers: map[string]string{}},
-				reply{status: status, body: body, headers: map[string]string{}}, "repeated X-Plan")
-		} else {
-			equal(t, 204, status, "repeated headers: %q", body)
+		want := "duplicate X-Plan header: a header the rate-limit rules read must be sent once\n"
+		if identity {
+			want = "duplicate X-Original-URI header: a header rategate reads the client's identity from must be sent once" +
+				" (set it with proxy_set_header, which replaces the client's copy)\n"
+		}
+		equal(t, reply{status: 400, body: want, headers: map[string]string{}},
+			reply{status: status, body: body, headers: map[string]string{}}, "repeated headers, identity %v", identity)
+	}
+}
+
+// TestDuplicateIdentityHeaders: each header rategate reads the client's
+// identity from, sent twice (in any case), is a 400 naming it, whichever
+// copy a proxy in front added; X-Forwarded-For may come in several lines.
+func TestDuplicateIdentityHeaders(t *testing.T) {
+	for _, xff := range []bool{false, true} {
+		opts := Options{CostHeader: "X-Cost"}
+		ipHeader := "X-Real-IP"
+		if xff {
+			opts.IPHeader, ipHeader = "X-Forwarded-For", "X-Forwarded-For"
+		}
+		ts := pinned(t, opts, rule("per-user", 1000, time.Minute, limits.KeyUser))
+		base := [][2]string{{"X-Original-URI", "/x"}, {ipHeader, "192.0.2.1"}, {"X-User-Id", "u"},
+			{"X-Original-Method", "GET"}, {"X-Original-Host", "h"}, {"X-Cost", "1"}}
+		for i, twice := range base {
+			var b strings.Builder
+			b.WriteString("GET /auth HTTP/1.1\r\nHost: x\r\n")
+			for _, kv := range base {
+				b.WriteString(kv[0] + ": " + kv[1] + "\r\n")
+			}
+			// the second copy in another case, as a proxy may write it
+			b.WriteString(strings.ToLower(twice[0]) + ": 198.51.100." + strconv.Itoa(i) + "\r\nConnection: close\r\n\r\n")
+			status, body := ts.raw(t, b.String())
+			if xff && twice[0] == "X-Forwarded-For" {
+				equal(t, 204, status, "X-Forwarded-For in two lines: %q", body)
+				continue
+			}
+			equal(t, 400, status, "%s twice (xff %v)", twice[0], xff)
+			check(t, strings.HasPrefix(body, "duplicate "+twice[0]+" header: "), "%s twice: %q", twice[0], body)
 		}
 	}
 }

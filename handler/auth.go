@@ -95,11 +95,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// the same host: one host must be one counter, whichever header said it.
 	s.host = limits.AppendHost(s.host[:0], host)
 
-	for i := range h.once {
-		if o := &h.once[i]; repeated(hdr, o.name) {
-			h.badRequest(ctx, o.body, limits.RejectDuplicateHeader, start)
-			return
-		}
+	if o := h.repeatedIdentity(hdr); o != nil {
+		h.badRequest(ctx, o.body, limits.RejectDuplicateHeader, start)
+		return
 	}
 	if h.headers != nil {
 		for _, name := range h.headers.RuleHeaders() {
@@ -184,6 +182,63 @@ func repeated(hdr *fasthttp.RequestHeader, name string) bool {
 		return true
 	}
 	return slices.Contains(singleValued, name) && rawCount(hdr.RawHeaders(), name) > 1
+}
+
+// repeatedIdentity returns the first identity header (h.once) the request
+// sends more than once, or nil. A request read from the wire is checked in
+// one pass over its raw head (six PeekAll calls cost the handler about
+// 200 ns, a third of its own work); one built in code has no raw head and
+// is checked through fasthttp.
+func (h *Handler) repeatedIdentity(hdr *fasthttp.RequestHeader) *onceHeader {
+	raw := hdr.RawHeaders()
+	if len(raw) == 0 {
+		for i := range h.once {
+			if len(hdr.PeekAll(h.once[i].name)) > 1 {
+				return &h.once[i]
+			}
+		}
+		return nil
+	}
+	var seen uint64 // bit i: h.once[i] seen (New keeps it under 64)
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		c := bytes.IndexByte(line, ':')
+		if c <= 0 {
+			continue
+		}
+		name := bytes.TrimSpace(line[:c])
+		for i := range h.once {
+			if o := &h.once[i]; len(o.name) == len(name) && asciiEqualFold(o.name, name) {
+				if seen&(1<<i) != 0 {
+					return o
+				}
+				seen |= 1 << i
+			}
+		}
+	}
+	return nil
+}
+
+// asciiEqualFold reports whether a and b are equal but for ASCII case.
+func asciiEqualFold(a string, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		x, y := a[i], b[i]
+		if x == y {
+			continue
+		}
+		if l := x | 0x20; l != y|0x20 || l < 'a' || l > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 // singleValued are the request headers fasthttp keeps one value of.

@@ -562,6 +562,16 @@ func TestDuplicateIdentityHeaders(t *testing.T) {
 			check(t, strings.HasPrefix(body, "duplicate "+twice[0]+" header: "), "%s twice: %q", twice[0], body)
 		}
 	}
+
+	// A request built in code has no raw head: checked through fasthttp.
+	h := New(&recorder{got: make(chan string, 1)}, nil, Options{})
+	var ctx fasthttp.RequestCtx
+	ctx.Request.SetRequestURI("/auth")
+	ctx.Request.Header.Set("X-Original-URI", "/x")
+	ctx.Request.Header.Add("X-Real-IP", "192.0.2.1")
+	ctx.Request.Header.Add("X-Real-IP", "192.0.2.2")
+	h.Serve(&ctx)
+	equal(t, 400, ctx.Response.StatusCode(), "X-Real-IP twice, built in code: %q", ctx.Response.Body())
 }
 
 // TestHeadCountsAsGet: a rule on GET keyed on the method counts HEAD

@@ -545,6 +545,15 @@ func TestAuthLayer(t *testing.T) {
 	}
 }
 
+// planRule counts requests under /user/ by their X-Plan header, 2 a day.
+const planRule = `    - name: plan
+      match: {path: /user/}
+      key: ["header:X-Plan"]
+      algorithm: fixed_window
+      limit: 2
+      period: 24h
+`
+
 // TestDuplicateRuleHeaderThroughNginx: NGINX passes every copy of a
 // client's header to the auth subrequest and to the application, which may
 // take another copy than the first. A header a rule reads, sent twice, is
@@ -552,14 +561,7 @@ func TestAuthLayer(t *testing.T) {
 // one over its limit gets nothing through.
 func TestDuplicateRuleHeaderThroughNginx(t *testing.T) {
 	m := startMini(t)
-	rules := `    - name: plan
-      match: {path: /user/}
-      key: ["header:X-Plan"]
-      algorithm: fixed_window
-      limit: 2
-      period: 24h
-`
-	rg := m.rategate(t, "rategate", policy(429, "dup", "", rules))
+	rg := m.rategate(t, "rategate", policy(429, "dup", "", planRule))
 	nx := startNginx(t, "dup", "nginx.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr})
 	needWindow(t, window, 30*time.Second)
 	gold := request{Path: "/user/feed", Header: []string{"X-User: dave", "X-Plan: gold"}}
@@ -586,14 +588,7 @@ func TestDuplicateRuleHeaderThroughNginx(t *testing.T) {
 func TestPaddedHeaderThroughNginx(t *testing.T) {
 	m := startMini(t)
 	needLuaModule(t)
-	rules := `    - name: plan
-      match: {path: /user/}
-      key: ["header:X-Plan"]
-      algorithm: fixed_window
-      limit: 2
-      period: 24h
-`
-	rg := m.rategate(t, "rategate", policy(429, "pad", "", rules))
+	rg := m.rategate(t, "rategate", policy(429, "pad", "", planRule))
 	needWindow(t, window, 60*time.Second)
 	for i, v := range []struct {
 		conf    string

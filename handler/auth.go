@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/rategate/rategate/limits"
@@ -201,19 +200,10 @@ func (h *Handler) repeatedIdentity(hdr *fasthttp.RequestHeader) *onceHeader {
 	}
 	var seen uint64 // bit i: h.once[i] seen (New keeps it under 64)
 	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		c := bytes.IndexByte(line, ':')
-		if c <= 0 {
-			continue
-		}
-		name := bytes.TrimSpace(line[:c])
+		var name []byte
+		name, raw = nextHeaderName(raw)
 		for i := range h.once {
-			if o := &h.once[i]; len(o.name) == len(name) && asciiEqualFold(o.name, name) {
+			if o := &h.once[i]; asciiEqualFold(o.name, name) {
 				if seen&(1<<i) != 0 {
 					return o
 				}
@@ -222,6 +212,20 @@ func (h *Handler) repeatedIdentity(hdr *fasthttp.RequestHeader) *onceHeader {
 		}
 	}
 	return nil
+}
+
+// nextHeaderName splits the first line off raw (a head as the client sent
+// it) and returns the line's header name, trimmed (empty when the line has
+// none), and the lines after it.
+func nextHeaderName(raw []byte) (name, rest []byte) {
+	line := raw
+	if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+		line, rest = raw[:i], raw[i+1:]
+	}
+	if c := bytes.IndexByte(line, ':'); c > 0 {
+		name = bytes.TrimSpace(line[:c])
+	}
+	return name, rest
 }
 
 // asciiEqualFold reports whether a and b are equal but for ASCII case.
@@ -250,13 +254,9 @@ var singleValued = []string{fasthttp.HeaderUserAgent, fasthttp.HeaderContentType
 func rawCount(raw []byte, name string) int {
 	n := 0
 	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		if c := bytes.IndexByte(line, ':'); c >= 0 && strings.EqualFold(string(bytes.TrimSpace(line[:c])), name) {
+		var got []byte
+		got, raw = nextHeaderName(raw)
+		if asciiEqualFold(name, got) {
 			n++
 		}
 	}

@@ -184,31 +184,14 @@ func repeated(hdr *fasthttp.RequestHeader, name string) bool {
 }
 
 // repeatedIdentity returns the first identity header (h.once) the request
-// sends more than once, or nil. A request read from the wire is checked in
-// one pass over its raw head (six PeekAll calls cost the handler about
-// 200 ns, a third of its own work); one built in code has no raw head and
-// is checked through fasthttp.
+// sends more than once, or nil. PeekAll also sees a copy in a chunked
+// body's trailer, and its cost hardly grows with the number of header
+// lines (about 260 ns for the six with none, 350 ns with 60 other lines,
+// where one scan of the raw head took 1.1 µs).
 func (h *Handler) repeatedIdentity(hdr *fasthttp.RequestHeader) *onceHeader {
-	raw := hdr.RawHeaders()
-	if len(raw) == 0 {
-		for i := range h.once {
-			if len(hdr.PeekAll(h.once[i].name)) > 1 {
-				return &h.once[i]
-			}
-		}
-		return nil
-	}
-	var seen uint64 // bit i: h.once[i] seen (New keeps it under 64)
-	for len(raw) > 0 {
-		var name []byte
-		name, raw = nextHeaderName(raw)
-		for i := range h.once {
-			if o := &h.once[i]; asciiEqualFold(o.name, name) {
-				if seen&(1<<i) != 0 {
-					return o
-				}
-				seen |= 1 << i
-			}
+	for i := range h.once {
+		if len(hdr.PeekAll(h.once[i].name)) > 1 {
+			return &h.once[i]
 		}
 	}
 	return nil

@@ -57,8 +57,10 @@ func HeaderValueProblem(v string) string {
 //     character: NEL and NBSP to an application that reads header bytes
 //     as Latin-1, as HTTP's own default is.
 //
-// Trimming more than an application does only joins spellings into one
-// quota, the strict side. It returns a subslice of v: no allocation.
+// Trimming more than an application does joins spellings into one
+// identity: one quota (the strict side), but also one exception, so an
+// application account that differs from another only by such padding
+// ("admin" and "admin\u3000") shares its exemption or override here. It returns a subslice of v: no allocation.
 func TrimValue(v []byte) []byte {
 	for len(v) > 0 {
 		c := v[0]

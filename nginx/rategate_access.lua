@@ -113,11 +113,13 @@ end
 -- while the application gets the byte itself and may trim it ("k"); without
 -- Lua, NGINX passes the byte on and rategate refuses the request.
 local function has_control_byte()
-    local ok, raw = pcall(raw_header)
-    if ok then
-        return ngx.re.find(raw, CONTROL, "jo") ~= nil
+    if ngx.req.http_version() < 2 then
+        local ok, raw = pcall(raw_header)
+        if ok then
+            return ngx.re.find(raw, CONTROL, "jo") ~= nil
+        end
     end
-    -- no raw head (HTTP/2): the parsed headers
+    -- no raw head (HTTP/2 and later): the parsed headers
     for _, v in pairs(ngx.req.get_headers(0, true)) do
         if type(v) == "table" then
             v = table.concat(v, "\n")

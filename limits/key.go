@@ -60,7 +60,8 @@ func HeaderValueProblem(v string) string {
 // Trimming more than an application does joins spellings into one
 // identity: one quota (the strict side), but also one exception, so an
 // application account that differs from another only by such padding
-// ("admin" and "admin\u3000") shares its exemption or override here. It returns a subslice of v: no allocation.
+// ("admin" and "admin\u3000") shares its exemption or override here.
+// It returns a subslice of v: no allocation.
 func TrimValue(v []byte) []byte {
 	for len(v) > 0 {
 		c := v[0]

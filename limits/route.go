@@ -225,14 +225,14 @@ func URLHost(b []byte) (host []byte, ok bool) {
 	if j := bytes.IndexAny(a, "/?#"); j >= 0 {
 		a = a[:j]
 	}
-	return HostOnly(a), true
+	return hostOnly(a), true
 }
 
-// HostOnly returns the host of an authority or Host header value: without
+// hostOnly returns the host of an authority or Host header value: without
 // a port (a colon outside an IPv6 literal's brackets ends the host) and
 // without one trailing dot, as NGINX's $host has it. It returns a
 // subslice of a.
-func HostOnly(a []byte) []byte {
+func hostOnly(a []byte) []byte {
 	literal := false
 	for i, c := range a {
 		if c == '[' && i == 0 {
@@ -250,11 +250,11 @@ func HostOnly(a []byte) []byte {
 	return a
 }
 
-// AppendHost appends the host of b as /auth counts it: HostOnly, in ASCII
+// AppendHost appends the host of b as /auth counts it: hostOnly, in ASCII
 // lower case (host names are case-insensitive; NGINX lower-cases $host the
 // same way).
 func AppendHost(dst, b []byte) []byte {
-	for _, c := range HostOnly(b) {
+	for _, c := range hostOnly(b) {
 		if 'A' <= c && c <= 'Z' {
 			c += 'a' - 'A'
 		}

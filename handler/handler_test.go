@@ -574,6 +574,40 @@ func TestDuplicateIdentityHeaders(t *testing.T) {
 	equal(t, 400, ctx.Response.StatusCode(), "X-Real-IP twice, built in code: %q", ctx.Response.Body())
 }
 
+// TestTrailerIsRefused: fasthttp reads a chunked body's trailer fields
+// and its Peek falls back to them, so a client reaching /auth could name
+// itself (or a rule's header) after the body, where no proxy rewrites
+// it. A request with a trailer is a 400 whatever the trailer says; a body
+// without one is not refused.
+func TestTrailerIsRefused(t *testing.T) {
+	byKey := rule("per-key", 1, time.Minute, limits.KeyHeader)
+	byKey.Key[0].Header = "X-Api-Key"
+	l, _ := newLimiter(t, rule("per-user", 1, time.Minute, limits.KeyUser), byKey)
+	ts := serve(t, New(pinnedClock{l: l, now: pinnedNow()}, l, Options{}))
+	head := "POST /auth HTTP/1.1\r\nHost: x\r\nX-Real-IP: 192.0.2.1\r\n"
+	chunked := func(headers, trailer string) (int, string) {
+		return ts.raw(t, head+headers+"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n1\r\na\r\n0\r\n"+trailer+"\r\n")
+	}
+	want := "trailer fields on /auth: rategate reads a client's identity from the request head only" +
+		" (send no body: proxy_pass_request_body off)\n"
+	for _, tc := range []struct{ headers, trailer string }{
+		{"", "X-Original-URI: /x\r\n"},
+		{"X-Original-URI: /x\r\n", "X-User-Id: u2\r\n"},
+		{"X-Original-URI: /x\r\nX-User-Id: u\r\n", "X-User-Id: u2\r\n"},
+		{"X-Original-URI: /x\r\n", "X-Api-Key: k2\r\n"},
+		{"X-Original-URI: /x\r\nTrailer: X-Other\r\n", "X-Other: 1\r\n"},
+	} {
+		status, body := chunked(tc.headers, tc.trailer)
+		equal(t, 400, status, "trailer %q after %q: %q", tc.trailer, tc.headers, body)
+		equal(t, want, body, "trailer %q", tc.trailer)
+	}
+	// Without a trailer a body changes nothing: u's one request, then 429.
+	status, body := chunked("X-Original-URI: /x\r\nX-User-Id: u\r\nX-Api-Key: k\r\n", "")
+	equal(t, 204, status, "a chunked body without a trailer: %q", body)
+	status, _ = ts.raw(t, head+"X-Original-URI: /x\r\nX-User-Id: u\r\nX-Api-Key: k3\r\nContent-Length: 1\r\nConnection: close\r\n\r\na")
+	equal(t, 429, status, "u's second request, with a body")
+}
+
 // TestHeadCountsAsGet: a rule on GET keyed on the method counts HEAD
 // under GET: one quota, not two.
 func TestHeadCountsAsGet(t *testing.T) {

@@ -51,7 +51,8 @@ func ParseFailureMode(s string) (FailureMode, bool) {
 // identity NGINX sent is incomplete or invalid (the handler answers 400).
 type RejectReason uint8
 
-// The reasons, in the order the handler checks them.
+// The reasons. The handler checks RejectTrailer first, then the others
+// in this order.
 const (
 	// RejectMissingURI: neither the URI header nor the URL header is set.
 	RejectMissingURI RejectReason = iota
@@ -62,12 +63,15 @@ const (
 	// RejectDuplicateHeader: a header a rule reads (a header key dimension
 	// or a match on a header) was sent more than once.
 	RejectDuplicateHeader
+	// RejectTrailer: the request carried trailer fields (after a chunked
+	// body), where a client could write a header no proxy replaces.
+	RejectTrailer
 	// NumRejectReasons is the number of reasons, for arrays indexed by them.
 	NumRejectReasons
 )
 
 // String returns the reason as a metric label: missing_uri, invalid_ip,
-// invalid_cost, duplicate_header.
+// invalid_cost, duplicate_header, trailer.
 func (r RejectReason) String() string {
 	switch r {
 	case RejectMissingURI:
@@ -78,6 +82,8 @@ func (r RejectReason) String() string {
 		return "invalid_cost"
 	case RejectDuplicateHeader:
 		return "duplicate_header"
+	case RejectTrailer:
+		return "trailer"
 	}
 	return "unknown"
 }

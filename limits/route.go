@@ -212,7 +212,7 @@ func IsAbsoluteURL(b []byte) bool { return schemeLen(b) > 0 }
 
 // URLHost returns the host an absolute URL names, as NGINX makes $host of
 // the same Host header: the authority up to its port (outside an IPv6
-// literal's brackets), less one trailing dot; the caller lowercases it.
+// literal's brackets), less its trailing dots; the caller lowercases it.
 // ok is false when b is not an absolute URL. (ingress-nginx's
 // X-Original-URL carries the client's Host header there, while the client
 // may send any X-Original-Host of its own.)
@@ -230,8 +230,9 @@ func URLHost(b []byte) (host []byte, ok bool) {
 
 // hostOnly returns the host of an authority or Host header value: without
 // a port (a colon outside an IPv6 literal's brackets ends the host) and
-// without one trailing dot, as NGINX's $host has it. It returns a
-// subslice of a.
+// without a trailing dot, as NGINX's $host has it. NGINX refuses a host
+// ending in two dots; a proxy that passes one on must not make it a host
+// of its own, so every trailing dot goes. It returns a subslice of a.
 func hostOnly(a []byte) []byte {
 	literal := false
 	for i, c := range a {
@@ -244,7 +245,7 @@ func hostOnly(a []byte) []byte {
 			break
 		}
 	}
-	if len(a) > 0 && a[len(a)-1] == '.' {
+	for len(a) > 0 && a[len(a)-1] == '.' {
 		a = a[:len(a)-1]
 	}
 	return a

@@ -207,7 +207,7 @@ func TestURLHost(t *testing.T) {
 	}
 }
 
-// TestAppendHost: a host is counted without its port and one trailing dot
+// TestAppendHost: a host is counted without its port and its trailing dots
 // (a colon inside an IPv6 literal is no port), in ASCII lower case; a
 // configured host that is not already so is named, with what to write.
 func TestAppendHost(t *testing.T) {
@@ -216,6 +216,8 @@ func TestAppendHost(t *testing.T) {
 		"API.Example.COM.":       "api.example.com",
 		"api.example.com:443":    "api.example.com",
 		"api.example.com.:443":   "api.example.com",
+		"api.example.com..":      "api.example.com", // NGINX refuses it; another proxy may not
+		"api.example.com...:1":   "api.example.com",
 		"[2001:DB8::1]:8080":     "[2001:db8::1]",
 		"[2001:db8::1]":          "[2001:db8::1]",
 		"192.0.2.1:80":           "192.0.2.1",
@@ -230,7 +232,7 @@ func TestAppendHost(t *testing.T) {
 	if msg := HostProblem("api.example.com"); msg != "" {
 		t.Errorf("HostProblem of a plain host: %q", msg)
 	}
-	for _, v := range []string{"api.example.com:443", "api.example.com.", "API.example.com"} {
+	for _, v := range []string{"api.example.com:443", "api.example.com.", "API.example.com", "api.example.com.."} {
 		if msg := HostProblem(v); !strings.Contains(msg, `write "api.example.com"`) {
 			t.Errorf("HostProblem(%q) = %q", v, msg)
 		}

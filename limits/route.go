@@ -234,16 +234,15 @@ func URLHost(b []byte) (host []byte, ok bool) {
 // ending in two dots; a proxy that passes one on must not make it a host
 // of its own, so every trailing dot goes. It returns a subslice of a.
 func hostOnly(a []byte) []byte {
-	literal := false
-	for i, c := range a {
-		if c == '[' && i == 0 {
-			literal = true
-		} else if c == ']' {
-			literal = false
-		} else if c == ':' && !literal {
-			a = a[:i]
-			break
+	if len(a) > 0 && a[0] == '[' {
+		// an IPv6 literal ends at its bracket, whatever follows, as NGINX
+		// ends it ("[a]b:80" is "[a]")
+		if i := bytes.IndexByte(a, ']'); i >= 0 {
+			return a[:i+1]
 		}
+	}
+	if i := bytes.IndexByte(a, ':'); i >= 0 {
+		a = a[:i]
 	}
 	for len(a) > 0 && a[len(a)-1] == '.' {
 		a = a[:len(a)-1]

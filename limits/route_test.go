@@ -220,6 +220,8 @@ func TestAppendHost(t *testing.T) {
 		"api.example.com...:1":   "api.example.com",
 		"[2001:DB8::1]:8080":     "[2001:db8::1]",
 		"[2001:db8::1]":          "[2001:db8::1]",
+		"[2001:db8::1]x:80":      "[2001:db8::1]", // NGINX's $host ends at the bracket
+		"[2001:db8::1].":         "[2001:db8::1]",
 		"192.0.2.1:80":           "192.0.2.1",
 		"":                       "",
 		"\u00c9vil.example":      "\u00c9vil.example", // ASCII only, as NGINX's $host

@@ -44,7 +44,7 @@ func (s *Server) identities(ctx *fasthttp.RequestCtx, method, name string) {
 		var req *limits.Request
 		// Only a PUT must name a client under the prefix in force: an
 		// override stored under another names no request.
-		if req, err = identityFromQuery(r, args, int(s.ipv6Prefix.Load()), method != "PUT"); err == nil {
+		if req, err = identityFromQuery(r, args, int(s.ipv6Prefix.Load()), s.pathParams(), method != "PUT"); err == nil {
 			s.identity(ctx, method, ids, r, dims, req)
 			return
 		}

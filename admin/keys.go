@@ -57,7 +57,7 @@ func (h headerMap) Peek(key string) []byte { return h[textproto.CanonicalMIMEHea
 // identityFromQuery builds the request whose key the rule would use, from
 // ?ip=&user=&route=&method=&host=&header.<Name>=. Every dimension the rule
 // is keyed on must be given; the error names the missing or bad parameter.
-func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, anyNetwork bool) (*limits.Request, error) {
+func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, pp limits.PathParams, anyNetwork bool) (*limits.Request, error) {
 	req := &limits.Request{}
 	hdrs := headerMap{}
 	req.Headers = hdrs
@@ -99,7 +99,7 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, anyN
 			}
 		case limits.KeyRoute:
 			if v, ok := need("route"); ok {
-				req.Route = limits.NormalizeRoute(nil, v)
+				req.Route = pp.Normalize(nil, v)
 			}
 		case limits.KeyMethod:
 			if v, ok := need("method"); ok {
@@ -175,7 +175,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 		writeError(ctx, fasthttp.StatusNotFound, "no such rule \""+name+"\"", nil)
 		return
 	}
-	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()), true)
+	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()), s.pathParams(), true)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(problemList))
 		return

@@ -79,6 +79,8 @@ type Server struct {
 	pprof    bool
 	// ipv6Prefix makes ?ip= the ip dimension /auth uses (identity.ipv6_prefix).
 	ipv6Prefix atomic.Int32
+	// pathParamsV makes ?route= the route /auth counts (identity.path_parameters).
+	pathParamsV atomic.Uint32
 
 	bufs sync.Pool // of *bytes.Buffer, for /metrics
 }
@@ -102,6 +104,9 @@ type ServerOptions struct {
 	Pprof bool
 	// IPv6Prefix is identity.ipv6_prefix, for ?ip= (SetIPv6Prefix changes it).
 	IPv6Prefix int
+	// PathParams is identity.path_parameters, for ?route= (SetPathParams
+	// changes it).
+	PathParams limits.PathParams
 }
 
 // NewServer returns the admin API handler.
@@ -118,6 +123,7 @@ func NewServer(opts ServerOptions) *Server {
 	}
 	s.SetToken(opts.Token)
 	s.SetIPv6Prefix(opts.IPv6Prefix)
+	s.SetPathParams(opts.PathParams)
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -139,6 +145,12 @@ func (s *Server) SetToken(token string) {
 // SetIPv6Prefix sets the network length an IPv6 ?ip= is counted by (a
 // reload of identity.ipv6_prefix); <= 0 means limits.DefaultIPv6Prefix.
 func (s *Server) SetIPv6Prefix(bits int) { s.ipv6Prefix.Store(int32(bits)) }
+
+// SetPathParams sets what a ?route= makes of path parameters, as /auth
+// does (a reload of identity.path_parameters).
+func (s *Server) SetPathParams(p limits.PathParams) { s.pathParamsV.Store(uint32(p)) }
+
+func (s *Server) pathParams() limits.PathParams { return limits.PathParams(s.pathParamsV.Load()) }
 
 // authorized checks "Authorization: Bearer <token>": the scheme in any case
 // (RFC 9110 section 11.1), the token compared in constant time (both sides

@@ -200,6 +200,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	a.admin = admin.NewServer(admin.ServerOptions{
 		Token: cfg.Admin.Token, Rules: a.rules, Limiter: a.limiter, Reloader: reloader,
 		Metrics: a.metrics, Top: a.top, Log: a.log, Pprof: opts.Pprof, IPv6Prefix: cfg.Identity.IPv6Prefix,
+		PathParams: cfg.Identity.PathParams,
 	})
 
 	if opts.Watch {
@@ -338,6 +339,7 @@ func (a *App) newHandler(cfg *config.Config) *handler.Handler {
 		CostHeader:     id.CostHeader,
 		MaxCost:        id.MaxCost,
 		IPv6Prefix:     id.IPv6Prefix,
+		PathParams:     id.PathParams,
 		DenyStatus:     cfg.DenyStatus,
 		Timeout:        cfg.Redis.Timeout,
 		Logger:         a.log,

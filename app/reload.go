@@ -69,6 +69,10 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 		a.log.Warn().Str("config", a.opts.ConfigPath).Int("from", p).Int("to", n).
 			Msg("identity.ipv6_prefix changed: IPv6 clients are other networks now, so their counts start from zero and their identity overrides stop applying (GET /v1/rules/{rule}/identities lists them)")
 	}
+	if p, n := prev.Identity.PathParams, next.Identity.PathParams; p != n {
+		a.log.Warn().Str("config", a.opts.ConfigPath).Stringer("from", p).Stringer("to", n).
+			Msg("identity.path_parameters changed: a route that carries path parameters (;...) is another route now, so its counts start from zero")
+	}
 	// Before the rules: their identity tables are built under it.
 	a.rules.Identities().SetIPv6Prefix(next.Identity.IPv6Prefix)
 	res.Added, res.Removed, res.Changed = a.rules.SetFile(next.Rules, next.Source)
@@ -102,6 +106,7 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	if next.DenyStatus != prev.DenyStatus || len(idChanged) > 0 {
 		a.handler.Store(a.newHandler(next))
 		a.admin.SetIPv6Prefix(next.Identity.IPv6Prefix)
+		a.admin.SetPathParams(next.Identity.PathParams)
 	}
 	a.cfg = next
 	a.metrics.Reloaded(true)
@@ -187,6 +192,7 @@ func identityChanges(p, n config.Identity) []string {
 		{"max_cost", p.MaxCost == n.MaxCost},
 		{"request_id_header", p.RequestIDHeader == n.RequestIDHeader},
 		{"ipv6_prefix", p.IPv6Prefix == n.IPv6Prefix},
+		{"path_parameters", p.PathParams == n.PathParams},
 	} {
 		if !f.same {
 			out = append(out, "identity."+f.name)

@@ -2,8 +2,11 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
@@ -15,6 +18,7 @@ import (
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/memstore"
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 )
 
 // TestNeedRestartNamesEveryCoalesceField: a reload keeps the running
@@ -162,6 +166,7 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 		{rule("gcra", "[user]", 9), "r (algorithm fixed_window -> gcra)"},
 		{rule("gcra", "[user, route]", 9), "r (key [user] -> [user route])"},
 		{"identity: {ipv6_prefix: 56}\n" + rule("gcra", "[user, route]", 9), "identity.ipv6_prefix changed"},
+		{"identity: {ipv6_prefix: 56, path_parameters: strip}\n" + rule("gcra", "[user, route]", 9), "identity.path_parameters changed"},
 	} {
 		before := logs.lines(msg)
 		write(c.yaml)
@@ -174,5 +179,48 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 		case c.want != "" && (got != 1 || logs.lines(c.want) == 0):
 			t.Fatalf("%d warnings, want one naming %q", got, c.want)
 		}
+	}
+}
+
+// TestReloadAppliesPathParameters: identity.path_parameters changed by a
+// reload applies to /auth and to the admin API's ?route= at once.
+func TestReloadAppliesPathParameters(t *testing.T) {
+	const rules = "rules:\n  - name: r\n    key: [route]\n    algorithm: fixed_window\n    limit: 5\n    period: 1h\n"
+	a, write := fileApp(t, rules, zerolog.Nop())
+	auth, adm := a.Handler(), a.AdminHandler()
+	ask := func(uri string) int {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/auth")
+		ctx.Request.Header.Set("X-Original-URI", uri)
+		ctx.Request.Header.Set("X-Real-IP", "192.0.2.1")
+		auth(&ctx)
+		return ctx.Response.StatusCode()
+	}
+	remaining := func(route string) string {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/v1/keys/r?route=" + url.QueryEscape(route))
+		ctx.SetRemoteAddr(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		adm(&ctx)
+		var v struct{ Remaining int64 }
+		if err := json.Unmarshal(ctx.Response.Body(), &v); err != nil || ctx.Response.StatusCode() != 200 {
+			t.Fatalf("GET /v1/keys/r?route=%s: %d %s", route, ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+		return strconv.FormatInt(v.Remaining, 10)
+	}
+	if ask("/;x/admin") != 204 || remaining("/admin") != "5" || remaining("/;x/admin") != "4" {
+		t.Fatalf("kept: /;x/admin is its own route")
+	}
+	write("identity: {path_parameters: strip}\n" + rules)
+	res, err := a.Reload("test")
+	if err != nil || !slices.Contains(res.Applied, "identity.path_parameters") {
+		t.Fatalf("reload: %+v, %v", res, err)
+	}
+	for _, uri := range []string{"/admin", "/;x/admin", "/x/..;/admin;jsessionid=1"} {
+		if code := ask(uri); code != 204 {
+			t.Fatalf("%s: %d", uri, code)
+		}
+	}
+	if got := remaining("/;y/admin"); got != "2" {
+		t.Fatalf("stripped: /admin has %s left, want 2 (three requests)", got)
 	}
 }

@@ -190,6 +190,10 @@ type Identity struct {
 	// IPv6Prefix is the network length an IPv6 client counts as (the `ip`
 	// dimension); default 64, 48..128.
 	IPv6Prefix int
+	// PathParams says whether routes keep path parameters (";..." in a
+	// segment; keep, the default, as NGINX routes them) or strip them, as
+	// a Tomcat, Jetty or Spring MVC application serves the path.
+	PathParams limits.PathParams
 }
 
 // Errors is every problem validation found, in file order. Parse and Load

@@ -319,6 +319,10 @@ func TestParseInvalidInline(t *testing.T) {
 			[]string{`identity.ipv6_prefix: must be between 48 and 128, got 32`}},
 		{"ipv6_prefix too long", "identity: {ipv6_prefix: 129}\n",
 			[]string{`identity.ipv6_prefix: must be between 48 and 128, got 129`}},
+		{"bad path_parameters", "identity: {path_parameters: remove}\n",
+			[]string{`identity.path_parameters: must be keep or strip, got "remove"`}},
+		{"prefix with a parameter that is stripped", "identity: {path_parameters: strip}\nrules:\n  - {name: a, match: {path: \"/admin;x\"}, key: [ip], algorithm: fixed_window, limit: 1, period: 1s}\n",
+			[]string{`rules[0] "a": match.path "/admin;x" is not a normalized route and would never match; write "/admin"`}},
 		{"bad url header", "identity: {url_header: \"X:Url\"}\n",
 			[]string{`identity.url_header: "X:Url" is not a valid header name`}},
 		{"bad request id header", "identity: {request_id_header: \"\"}\n",
@@ -609,6 +613,39 @@ func TestGetMatchesHead(t *testing.T) {
 		if got := c.Rules[0].Match.Methods; !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("methods %s: %v, want %v", tt.methods, got, tt.want)
 		}
+	}
+}
+
+// TestPathParameters: identity.path_parameters is keep unless set; strip
+// makes match.path prefixes and an exception's route what /auth counts.
+func TestPathParameters(t *testing.T) {
+	c, err := Parse("t.yaml", []byte("rules: []\n"))
+	if err != nil || c.Identity.PathParams != limits.KeepPathParams {
+		t.Fatalf("default: %v, %v", c.Identity.PathParams, err)
+	}
+	rule := func(route string) string {
+		return "rules:\n  - name: a\n    match: {path: /admin}\n    key: [route]\n    algorithm: fixed_window\n    limit: 1\n    period: 1s\n" +
+			"    exceptions:\n      - {match: {route: \"" + route + "\"}, limit: 5}\n"
+	}
+	c, err = Parse("t.yaml", []byte("identity: {path_parameters: strip}\n"+rule("/admin;x/..;/admin/login;jsessionid=1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Parse("t.yaml", []byte(rule("/admin/login")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Identity.PathParams != limits.StripPathParams {
+		t.Fatalf("path_parameters: %v", c.Identity.PathParams)
+	}
+	if got, want := c.Rules[0].Exceptions[0].ID, plain.Rules[0].Exceptions[0].ID; got != want {
+		t.Errorf("the exception's route, parameters stripped: identity %q, want %q", got, want)
+	}
+	if !strings.Contains(c.Describe(), "path parameters stripped") {
+		t.Errorf("Describe does not say parameters are stripped:\n%s", c.Describe())
+	}
+	if strings.Contains(plain.Describe(), "path parameters") {
+		t.Errorf("Describe speaks of parameters when they are kept")
 	}
 }
 

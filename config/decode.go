@@ -214,6 +214,7 @@ type rawIdentity struct {
 	URLHeader      opt[string]
 	RequestID      opt[string]
 	IPv6Prefix     opt[int64]
+	PathParams     opt[string]
 }
 
 func (i *rawIdentity) fields() []field {
@@ -230,6 +231,7 @@ func (i *rawIdentity) fields() []field {
 		{"url_header", &i.URLHeader},
 		{"request_id_header", &i.RequestID},
 		{"ipv6_prefix", &i.IPv6Prefix},
+		{"path_parameters", &i.PathParams},
 	}
 }
 

@@ -87,6 +87,9 @@ func (c *Config) Describe() string {
 		ipv6 = "each IPv6 address is its own client"
 	}
 	line("identity", "user %s, ip %s (trusted proxies: %s; %s), anonymous users: %s", id.UserHeader, id.IPHeader, trusted, ipv6, anon)
+	if id.PathParams == limits.StripPathParams {
+		line("routes", "path parameters stripped: /admin;jsessionid=1 and /x/..;/admin count as /admin")
+	}
 	cost := "off"
 	if id.CostHeader != "" {
 		cost = fmt.Sprintf("%s (at most %d)", id.CostHeader, id.MaxCost)

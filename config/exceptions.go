@@ -312,7 +312,7 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 				at("match route %q must start with \"/\"", v)
 				return ex, false
 			}
-			req.Route = limits.NormalizeRoute(nil, []byte(v))
+			req.Route = id.PathParams.Normalize(nil, []byte(v))
 		case limits.KeyMethod:
 			if !validToken(v) {
 				at("match method %q is not an HTTP method", v)

@@ -151,7 +151,7 @@ func validate(d *decoder, raw *rawConfig) *Config {
 			if rr.Bad {
 				continue
 			}
-			r := compileRule(d, rr, i, names, c.Identity.Anonymous)
+			r := compileRule(d, rr, i, names, &c.Identity)
 			compileExceptions(d, rr, r, c.Identity)
 			c.Rules = append(c.Rules, r)
 		}
@@ -419,6 +419,13 @@ func validateIdentity(d *decoder, id *rawIdentity, out *Identity) {
 	} else {
 		out.TrustedProxies = defaultTrustedProxies()
 	}
+	if v := &id.PathParams; v.ok() {
+		p, ok := limits.ParsePathParams(v.V)
+		if !ok {
+			d.add(v.Line, "identity.path_parameters", "must be keep or strip, got %q", v.V)
+		}
+		out.PathParams = p
+	}
 	if v := &id.Anonymous; v.ok() {
 		switch v.V {
 		case "ip":
@@ -482,9 +489,9 @@ func validToken(s string) bool {
 
 // compileRule validates rules[i] and builds it. names maps the names seen so
 // far to their index.
-func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limits.Anonymous) *limits.Rule {
+func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, id *Identity) *limits.Rule {
 	at := func(line int, format string, args ...any) { d.add(line, rr.label, format, args...) }
-	r := &limits.Rule{Name: rr.Name.V, Cost: 1, Shadow: rr.Shadow.V, Anonymous: anon}
+	r := &limits.Rule{Name: rr.Name.V, Cost: 1, Shadow: rr.Shadow.V, Anonymous: id.Anonymous}
 
 	switch v := &rr.Name; {
 	case !v.Set:
@@ -500,7 +507,7 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 		}
 	}
 
-	compileMatch(&rr.Match, &r.Match, at)
+	compileMatch(&rr.Match, &r.Match, id.PathParams, at)
 
 	seen := map[limits.KeyPart]int{}
 	for j, s := range rr.Key.V {
@@ -608,7 +615,7 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, anon limi
 	return r
 }
 
-func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format string, args ...any)) {
+func compileMatch(m *rawMatch, out *limits.Match, pp limits.PathParams, at func(line int, format string, args ...any)) {
 	if v := &m.Path; v.ok() && v.V != "" {
 		switch {
 		case strings.HasPrefix(v.V, "~"):
@@ -626,7 +633,7 @@ func compileMatch(m *rawMatch, out *limits.Match, at func(line int, format strin
 		case strings.HasPrefix(v.V, "/"):
 			// Routes are normalized before matching, so a prefix that is not
 			// itself normalized could never match: say what to write instead.
-			if n := string(limits.NormalizeRoute(nil, []byte(v.V))); n != v.V {
+			if n := string(pp.Normalize(nil, []byte(v.V))); n != v.V {
 				at(v.Line, "match.path %q is not a normalized route and would never match; write %q", v.V, n)
 				break
 			}

@@ -65,7 +65,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.badRequest(ctx, h.ambiguousURL, limits.RejectMissingURI, start)
 		return
 	}
-	s.route = limits.NormalizeRoute(s.route[:0], uri)
+	s.route = h.pathParams.Normalize(s.route[:0], uri)
 
 	// The address is copied out at once: PeekAll's result is only valid
 	// until the next PeekAll.

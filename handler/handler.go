@@ -56,6 +56,9 @@ type Options struct {
 	// IPv6Prefix is the length of the network an IPv6 client's `ip`
 	// dimension is (default 64; see AppendIPIdentity).
 	IPv6Prefix int
+	// PathParams says whether the route keeps path parameters (the
+	// default) or strips them (limits.PathParams).
+	PathParams limits.PathParams
 	// RequestIDHeader (default X-Request-Id) carries NGINX's $request_id;
 	// denial and shadow log lines quote it.
 	RequestIDHeader string
@@ -140,6 +143,7 @@ type Handler struct {
 	once       []onceHeader
 	trusted    []netip.Prefix
 	ipv6Prefix int
+	pathParams limits.PathParams
 	maxCost    int64
 	denyStatus atomic.Int32
 	timeout    time.Duration
@@ -191,6 +195,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 		store:      store,
 		trusted:    opts.TrustedProxies,
 		ipv6Prefix: opts.IPv6Prefix,
+		pathParams: opts.PathParams,
 		maxCost:    opts.MaxCost,
 		timeout:    opts.Timeout,
 		obs:        opts.Observer,

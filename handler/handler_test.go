@@ -608,6 +608,32 @@ func TestTrailerIsRefused(t *testing.T) {
 	equal(t, 429, status, "u's second request, with a body")
 }
 
+// TestPathParametersStripped: with path parameters stripped, a target a
+// Tomcat-like application serves as /admin is counted as /admin, under a
+// match.path prefix and by a rule keyed on the route; kept (the default),
+// NGINX's own reading stands.
+func TestPathParametersStripped(t *testing.T) {
+	admin := rule("admin-per-ip", 1, time.Minute, limits.KeyIP)
+	admin.Match.PathPrefix = "/admin"
+	perRoute := rule("per-route", 2, time.Minute, limits.KeyRoute)
+	ts := pinned(t, Options{PathParams: limits.StripPathParams}, admin, perRoute)
+	equal(t, 204, ts.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)
+	for _, uri := range []string{"/;x/admin", "/x/..;/admin", "/admin;jsessionid=9", "/static/..;/admin/users"} {
+		r := ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1")
+		equal(t, 429, r.status, "%s after /admin", uri)
+		equal(t, "admin-per-ip", r.headers["x-ratelimit-rule"], "%s", uri)
+	}
+	equal(t, 204, ts.auth(t, "X-Original-URI", "/login;a", "X-Real-IP", "192.0.2.2").status)
+	r := ts.auth(t, "X-Original-URI", "/x/..;/login;b", "X-Real-IP", "192.0.2.3")
+	equal(t, 204, r.status)
+	equal(t, "0", r.headers["x-ratelimit-remaining"], "/login's second request")
+	equal(t, 429, ts.auth(t, "X-Original-URI", "/login", "X-Real-IP", "192.0.2.4").status, "/login's third request")
+
+	kept := pinned(t, Options{}, admin, perRoute)
+	equal(t, 204, kept.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)
+	equal(t, 204, kept.auth(t, "X-Original-URI", "/;x/admin", "X-Real-IP", "192.0.2.1").status, "kept: /;x/admin is not /admin")
+}
+
 // TestHeadCountsAsGet: a rule on GET keyed on the method counts HEAD
 // under GET: one quota, not two.
 func TestHeadCountsAsGet(t *testing.T) {

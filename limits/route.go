@@ -80,6 +80,48 @@ func unhex(c byte) (byte, bool) {
 //	/caf%c3%a9      -> /caf%C3%A9
 //	http://h/x//y   -> /x/y
 func NormalizeRoute(dst, uri []byte) []byte {
+	return KeepPathParams.Normalize(dst, uri)
+}
+
+// PathParams says what a route makes of path parameters: a literal ';' and
+// what follows it up to the next literal '/' (identity.path_parameters).
+type PathParams uint8
+
+const (
+	// KeepPathParams keeps them as bytes of the path, as NGINX routes it
+	// (NormalizeRoute).
+	KeepPathParams PathParams = iota
+	// StripPathParams drops each one before anything is decoded, as
+	// Tomcat, Jetty and Spring MVC do before they resolve a path: they
+	// serve "/admin;jsessionid=1", "/;x/admin" and "/x/..;/admin" as
+	// "/admin", and so this counts them. An escaped "%3B" is no parameter
+	// (those servers decode after stripping): it stays, written "%3B".
+	StripPathParams
+)
+
+// ParsePathParams reads keep or strip.
+func ParsePathParams(s string) (PathParams, bool) {
+	switch s {
+	case "keep":
+		return KeepPathParams, true
+	case "strip":
+		return StripPathParams, true
+	}
+	return KeepPathParams, false
+}
+
+// String returns keep or strip.
+func (p PathParams) String() string {
+	if p == StripPathParams {
+		return "strip"
+	}
+	return "keep"
+}
+
+// Normalize appends the route of uri to dst as NormalizeRoute does, with
+// path parameters kept or stripped as p says.
+func (p PathParams) Normalize(dst, uri []byte) []byte {
+	strip := p == StripPathParams
 	path := uri
 	if len(path) > 0 && path[0] != '/' {
 		path = absolutePath(path)
@@ -102,13 +144,23 @@ func NormalizeRoute(dst, uri []byte) []byte {
 		out = append(out, '/')
 		more := false // a separator ended this segment
 		for i < len(path) {
+			if strip && path[i] == ';' {
+				// the parameter runs to the next literal '/', which ends
+				// the segment as usual ("..;x" is "..")
+				for i < len(path) && path[i] != '/' {
+					i++
+				}
+				continue
+			}
 			c, n := decodeAt(path, i)
 			i += n
 			if c == '/' {
 				more = true
 				break
 			}
-			if routeLiteral[c] {
+			// stripping, an escaped ';' stays escaped: as a literal one
+			// it would be a parameter when the route is read again
+			if routeLiteral[c] && !(strip && c == ';') {
 				out = append(out, c)
 			} else {
 				out = append(out, '%', hexDigits[c>>4], hexDigits[c&15])

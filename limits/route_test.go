@@ -100,6 +100,54 @@ func TestNormalizeRoute(t *testing.T) {
 	}
 }
 
+// TestStripPathParams: with identity.path_parameters: strip, a target is
+// counted as Tomcat, Jetty and Spring MVC serve it: every ";..." up to the
+// next literal '/' goes before anything is decoded, so a parameter cannot
+// carry a target out of a match.path prefix ("/;x/admin" is "/admin") and
+// "..;" is "..". An escaped ';' is no parameter, and stays escaped.
+func TestStripPathParams(t *testing.T) {
+	for in, want := range map[string]string{
+		"/admin;jsessionid=1":      "/admin",
+		"/admin;jsessionid=1?x=;y": "/admin",
+		"/;x/admin":                "/admin",
+		"/;jsessionid=1/admin":     "/admin",
+		"/x/..;/admin":             "/admin",
+		"/static/..;/admin/users":  "/admin/users",
+		"/a;p=1/b;q=2/":            "/a/b/",
+		"/a;p%2F..%2F/b":           "/a/b", // an escaped '/' inside a parameter goes with it
+		"/a%3Bb":                   "/a%3Bb",
+		"/a%3bb;c":                 "/a%3Bb",
+		"/%2e%2e;x/admin":          "/admin",
+		"http://h/x/..;/admin;a?b": "/admin",
+		"/admin":                   "/admin",
+		"/x/..%2Fadmin":            "/admin",
+		";":                        "/",
+	} {
+		if got := string(StripPathParams.Normalize(nil, []byte(in))); got != want {
+			t.Errorf("StripPathParams.Normalize(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[string]string{"/;x/admin": "/;x/admin", "/x/..;/admin": "/x/..;/admin", "/a%3Bb": "/a;b"} {
+		if got := string(NormalizeRoute(nil, []byte(in))); got != want {
+			t.Errorf("NormalizeRoute(%q) = %q, want %q (NGINX keeps parameters)", in, got, want)
+		}
+	}
+	r := &Rule{Name: "admin", Match: Match{PathPrefix: "/admin"}}
+	for _, in := range []string{"/;x/admin", "/x/..;/admin", "/static/..;/admin/users", "/admin;x"} {
+		if !r.Matches(&Request{Route: StripPathParams.Normalize(nil, []byte(in))}) {
+			t.Errorf("%q escapes match.path /admin with parameters stripped", in)
+		}
+	}
+	for _, s := range []string{"keep", "strip"} {
+		if p, ok := ParsePathParams(s); !ok || p.String() != s {
+			t.Errorf("ParsePathParams(%q) = %v, %v", s, p, ok)
+		}
+	}
+	if _, ok := ParsePathParams("Strip"); ok {
+		t.Error("ParsePathParams takes Strip")
+	}
+}
+
 func TestNormalizeRouteAppendsToDst(t *testing.T) {
 	dst := []byte("keep/")
 	got := NormalizeRoute(dst, []byte("/../../x"))
@@ -109,7 +157,14 @@ func TestNormalizeRouteAppendsToDst(t *testing.T) {
 }
 
 // checkRoute reports how r breaks NormalizeRoute's invariants, or "".
-func checkRoute(r []byte) string {
+func checkRoute(r []byte) string { return checkRouteOf(r, KeepPathParams) }
+
+// checkRouteOf reports how r breaks p.Normalize's invariants, or "":
+// stripping, a route holds no literal ';' (it escapes a decoded one).
+func checkRouteOf(r []byte, p PathParams) string {
+	if p == StripPathParams && bytes.IndexByte(r, ';') >= 0 {
+		return "contains a literal ';' with parameters stripped"
+	}
 	switch {
 	case len(r) == 0 || r[0] != '/':
 		return "does not start with /"
@@ -139,7 +194,7 @@ func checkRoute(r []byte) string {
 		}
 		hi, _ := unhex(r[i+1])
 		lo, _ := unhex(r[i+2])
-		if d := hi<<4 | lo; routeLiteral[d] || d == '/' {
+		if d := hi<<4 | lo; (routeLiteral[d] && !(p == StripPathParams && d == ';')) || d == '/' {
 			return "escapes a byte that is written literally"
 		}
 	}
@@ -152,7 +207,7 @@ func FuzzNormalizeRoute(f *testing.F) {
 	for _, s := range []string{
 		"", "/", "//x", "/a/../admin", "/%2e%2e/admin", "/admin?x", "/a/./b/",
 		"/%7euser", "/a%2fb", "/%%34%31", "http://h/a/../b", "/a/b/..", "/\xff%",
-		"/.%2e/.%2E/x", "a://b", "/%25%32%65",
+		"/.%2e/.%2E/x", "a://b", "/%25%32%65", "/x/..;/admin", "/;x/admin", "/a%3Bb;c", "/a;b%2Fc/d",
 	} {
 		f.Add([]byte(s))
 	}
@@ -163,6 +218,18 @@ func FuzzNormalizeRoute(f *testing.F) {
 		}
 		if again := NormalizeRoute(nil, r); !bytes.Equal(again, r) {
 			t.Fatalf("not idempotent: %q -> %q -> %q", uri, r, again)
+		}
+		// Stripping is keeping what is left: the same route as the target
+		// without its parameters, and a route of its own kind.
+		s := StripPathParams.Normalize(nil, uri)
+		if why := checkRouteOf(s, StripPathParams); why != "" {
+			t.Fatalf("StripPathParams.Normalize(%q) = %q: %s", uri, s, why)
+		}
+		if again := StripPathParams.Normalize(nil, s); !bytes.Equal(again, s) {
+			t.Fatalf("stripping not idempotent: %q -> %q -> %q", uri, s, again)
+		}
+		if bytes.IndexByte(uri, ';') < 0 && bytes.IndexByte(r, ';') < 0 && !bytes.Equal(s, r) {
+			t.Fatalf("%q without parameters: stripped %q, kept %q", uri, s, r)
 		}
 	})
 }

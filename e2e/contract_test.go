@@ -826,3 +826,34 @@ func TestFailOpenIsMarked(t *testing.T) {
 		})
 	}
 }
+
+// TestPathParametersThroughNginx: NGINX passes "/;x/admin" and
+// "/x/..;/admin" to the application as sent, and a Tomcat-style
+// application serves both as /admin. Under identity.path_parameters:
+// strip they spend /admin's quota, whatever parameters a client adds.
+func TestPathParametersThroughNginx(t *testing.T) {
+	m := startMini(t)
+	rg := m.rategate(t, "rategate", policy(429, "pp", "  path_parameters: strip\n", `    - name: admin
+      match: {path: /admin}
+      key: [ip]
+      algorithm: fixed_window
+      limit: 2
+      period: 24h
+`))
+	nx := startNginx(t, "pp", "nginx.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr})
+	needWindow(t, window, 30*time.Second)
+	for i, c := range []struct {
+		path string
+		want int
+	}{
+		{"/admin", 200},
+		{"/;x/admin", 200},
+		{"/x/..;/admin", 429},
+		{"/admin;jsessionid=1/users", 429},
+		{"/static/..;/admin", 429},
+	} {
+		if r := nx.do(t, request{Path: c.path}); r.Status != c.want {
+			t.Errorf("request %d, %s: %d, want %d", i+1, c.path, r.Status, c.want)
+		}
+	}
+}

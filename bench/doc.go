@@ -6,6 +6,9 @@
 //     instead) and against the floor (NGINX + bench/floor, a do-nothing 204
 //     server), alternated, on loopback; results as ratios, CPU and Redis
 //     time per decision and targets in bench/results/.
+//   - redisinstr: instructions redis-server executes per decision of the
+//     function library, counted under callgrind (a figure that does not
+//     move with the machine's load): go run ./bench/redisinstr -cases u,urg
 //   - micro_test.go: Go micro-benchmarks of the hot path, from route
 //     normalization to a whole /auth decision against a real redis-server:
 //     go test -run '^$' -bench . -benchmem ./bench/

@@ -12,6 +12,16 @@ fresh ones, and a $rategate_user built from an auth layer's answer
 (auth_request_set $auth_user ...) would be empty there, making every user
 behind one address one anonymous client.
 
+lua-nginx-module refuses ngx.location.capture inside an HTTP/2 (or later)
+request. There rategate-lua.conf's auth_request has already asked rategate
+through /_rategate_h2 and kept its status and headers in $rg_h2_*: check()
+reads the answer from them and acts on it the same way. Where a location's
+own auth_request (an auth layer's) replaced that one, the variables are
+empty and the request is refused with 500 and an error-log line: it is
+never let through unasked.
+
+Either way, rategate's answer (or NGINX's, when it could not ask) is:
+
   2xx      the request goes on; rategate's rate-limit headers are added to
            whatever the application answers.
   429/403  a denial (403 when rategate runs with deny_status: 403): answers
@@ -131,6 +141,43 @@ local function has_control_byte()
     return false
 end
 
+-- H2_VARS are the variables rategate-lua.conf's auth_request_set fills, by
+-- the lower-case name of the response header each holds.
+local H2_VARS = {
+    ["ratelimit-policy"] = "rg_h2_policy",
+    ["ratelimit"] = "rg_h2_ratelimit",
+    ["x-ratelimit-limit"] = "rg_h2_limit",
+    ["x-ratelimit-remaining"] = "rg_h2_remaining",
+    ["x-ratelimit-reset"] = "rg_h2_reset",
+    ["x-ratelimit-status"] = "rg_h2_state",
+    ["retry-after"] = "rg_h2_retry_after",
+    ["x-ratelimit-rule"] = "rg_h2_rule",
+}
+
+local function getvar(name)
+    return ngx.var[name]
+end
+
+-- asked returns the status and the headers (by lower-case name) of the
+-- answer rategate-lua.conf's auth_request fetched, or nil when there is
+-- none. $upstream_status lists every instance tried ("502, 204"): the last
+-- one answered.
+local function asked()
+    local ok, st = pcall(getvar, "rg_h2_status")
+    local status = ok and st and tonumber(st:match("(%d+)%s*$"))
+    if not status then
+        return nil
+    end
+    local header = {}
+    for name, var in pairs(H2_VARS) do
+        local v = getvar(var)
+        if v ~= nil and v ~= "" then
+            header[name] = v
+        end
+    end
+    return status, header
+end
+
 -- check decides the current request. location is the internal location that
 -- proxies to rategate's /auth; default "/_rategate".
 function _M.check(location)
@@ -142,9 +189,22 @@ function _M.check(location)
         record(400, {})
         return answer(400, "Bad Request: a request header holds a control byte.\n")
     end
-    local res = capture(location or "/_rategate", { copy_all_vars = true })
-    local status = res.status
-    local header = lower(res.header)
+    local status, header, body
+    if ngx.req.http_version() >= 2 then
+        status, header = asked()
+        if not status then
+            ngx.log(ngx.ERR, "rategate: no decision for this HTTP/",
+                ngx.req.http_version(), " request: lua-nginx-module cannot",
+                " capture a subrequest in it, and rategate-lua.conf's",
+                " auth_request did not run here (a location's own",
+                " auth_request replaces it; see docs/nginx.md)")
+            return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
+        end
+        body = ""
+    else
+        local res = capture(location or "/_rategate", { copy_all_vars = true })
+        status, header, body = res.status, lower(res.header), res.body
+    end
     copy(HEADERS, header)
     record(status, header)
 
@@ -169,7 +229,7 @@ function _M.check(location)
         return answer(503, UNAVAILABLE)
     end
     ngx.log(ngx.ERR, "rategate answered unexpected status ", status, ": ",
-        (res.body or ""):sub(1, 200))
+        (body or ""):sub(1, 200))
     return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
 end
 

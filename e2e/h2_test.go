@@ -1,0 +1,230 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/internal/procs"
+	"github.com/rategate/rategate/internal/testredis"
+)
+
+// h2Get sends one GET over HTTP/2 with prior knowledge (h2c, as NGINX's
+// "listen ... http2" on a plain port takes it) and returns the response's
+// status and body. Header names are sent lower-cased, values as given,
+// byte for byte: Go's HTTP/2 client refuses a control byte in a value, and
+// that is what this sends. HPACK literals only, no Huffman; it reads the
+// status NGINX writes (an indexed :status, or a raw literal one).
+func h2Get(t testing.TB, addr, path string, headers ...string) (int, string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+
+	str := func(b []byte, s string) []byte {
+		if len(s) > 126 {
+			t.Fatalf("h2Get: %q is too long for this encoder", s)
+		}
+		return append(append(b, byte(len(s))), s...)
+	}
+	block := []byte{0x82, 0x86} // :method GET, :scheme http (static table)
+	block = str(append(block, 0x04), path)
+	block = str(append(block, 0x01), "localhost")
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ": ")
+		block = str(str(append(block, 0x00), strings.ToLower(name)), value)
+	}
+	frame := func(typ, flags byte, stream uint32, payload []byte) []byte {
+		f := []byte{byte(len(payload) >> 16), byte(len(payload) >> 8), byte(len(payload)), typ, flags}
+		f = binary.BigEndian.AppendUint32(f, stream)
+		return append(f, payload...)
+	}
+	var out []byte
+	out = append(out, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"...)
+	out = append(out, frame(0x4, 0, 0, nil)...)     // SETTINGS
+	out = append(out, frame(0x1, 0x5, 1, block)...) // HEADERS, END_STREAM|END_HEADERS
+	if _, err := conn.Write(out); err != nil {
+		t.Fatal(err)
+	}
+
+	r := bufio.NewReader(conn)
+	status, body := 0, ""
+	for {
+		var h [9]byte
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			t.Fatalf("h2Get %s: reading a frame: %v (status so far %d)", path, err, status)
+		}
+		n := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+		typ, flags, stream := h[3], h[4], binary.BigEndian.Uint32(h[5:])&0x7fffffff
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case typ == 0x4 && flags&1 == 0: // SETTINGS: acknowledged
+			if _, err := conn.Write(frame(0x4, 1, 0, nil)); err != nil {
+				t.Fatal(err)
+			}
+		case typ == 0x7: // GOAWAY
+			t.Fatalf("h2Get %s: GOAWAY %x", path, payload)
+		case typ == 0x3 && stream == 1: // RST_STREAM
+			t.Fatalf("h2Get %s: RST_STREAM %x", path, payload)
+		case typ == 0x1 && stream == 1: // HEADERS
+			status = h2Status(t, payload)
+			if flags&1 != 0 {
+				return status, body
+			}
+		case typ == 0x0 && stream == 1: // DATA
+			body += string(payload)
+			if flags&1 != 0 {
+				return status, body
+			}
+		}
+	}
+}
+
+// h2Status reads :status, the first field NGINX writes in a response's
+// header block: indexed (200 204 206 304 400 404 500) or a raw literal.
+func h2Status(t testing.TB, block []byte) int {
+	t.Helper()
+	indexed := map[byte]int{0x88: 200, 0x89: 204, 0x8a: 206, 0x8b: 304, 0x8c: 400, 0x8d: 404, 0x8e: 500}
+	if len(block) > 0 {
+		if s, ok := indexed[block[0]]; ok {
+			return s
+		}
+	}
+	if len(block) >= 5 && block[0] == 0x48 && block[1] == 3 { // :status, literal, 3 raw bytes
+		if s, err := strconv.Atoi(string(block[2:5])); err == nil {
+			return s
+		}
+	}
+	t.Fatalf("h2Status: cannot read the status of header block %x", block)
+	return 0
+}
+
+// h2Listen is the rewrite that adds an HTTP/2-only (prior knowledge)
+// listener on port to a shipped config's server, next to its HTTP/1 one.
+func h2Listen(port int) map[string]string {
+	return map[string]string{shippedListen: fmt.Sprintf("%s listen 127.0.0.1:%d http2;", shippedListen, port)}
+}
+
+// TestHTTP2: lua-nginx-module refuses ngx.location.capture inside an
+// HTTP/2 request (every such request was a 500 with a Lua stack trace in
+// the error log); rategate-lua.conf's auth_request asks rategate for those
+// and rategate_access.lua decides from its answer. Over HTTP/2 the Lua and
+// the plain variants decide as over HTTP/1: the limit, a control byte
+// (refused by the Lua module before rategate is asked; by rategate, a 500,
+// in the plain variant), padding, and an unreachable rategate (open: let
+// through; closed: 503). Behind an auth layer, whose auth_request replaces
+// the Lua variant's, an HTTP/2 request is refused, never let through
+// unasked.
+func TestHTTP2(t *testing.T) {
+	m := startMini(t)
+	needLuaModule(t)
+	for _, v := range []struct {
+		conf    string
+		control int
+	}{{"openresty.conf", 400}, {"nginx.conf", 500}} {
+		t.Run(v.conf, func(t *testing.T) {
+			prefix := strings.TrimSuffix(v.conf, ".conf")
+			rg := m.rategate(t, "rategate", policy(429, "h2"+prefix, "", planRule))
+			needWindow(t, window, 60*time.Second)
+			h2 := testredis.FreePort(t)
+			startNginx(t, "h2", v.conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
+			addr := "127.0.0.1:" + strconv.Itoa(h2)
+			get := func(plan string) int {
+				status, _ := h2Get(t, addr, "/user/feed", "X-User: dave", "X-Plan: "+plan)
+				return status
+			}
+			for i, want := range []int{200, 200, 429} {
+				if got := get("h2gold"); got != want {
+					t.Fatalf("request %d over HTTP/2: %d, want %d", i+1, got, want)
+				}
+			}
+			for _, plan := range []string{"h2gold\x0b", "h2gold\x1f", "\x1ch2gold", "fresh\x01"} {
+				if got := get(plan); got != v.control {
+					t.Errorf("X-Plan %q over HTTP/2: %d, want %d", plan, got, v.control)
+				}
+			}
+			if got := get("h2gold\u00a0"); got != 429 {
+				t.Errorf("X-Plan padded with NBSP over HTTP/2: %d, want 429 (the quota of h2gold)", got)
+			}
+			if got := get("h2silver"); got != 200 {
+				t.Errorf("another plan over HTTP/2: %d, want 200", got)
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		dead := deadAddr(t)
+		for _, closed := range []bool{false, true} {
+			h2 := testredis.FreePort(t)
+			startNginx(t, fmt.Sprintf("h2dead%v", closed), "openresty.conf",
+				rewrite{rategates: []string{dead}, app: m.app.addr, closed: closed, extra: h2Listen(h2)})
+			want, body := 200, ""
+			if closed {
+				want, body = 503, "Service Unavailable: the rate limiter cannot decide.\n"
+			}
+			status, got := h2Get(t, "127.0.0.1:"+strconv.Itoa(h2), "/user/feed", "X-User: dave")
+			if status != want || (closed && got != body) {
+				t.Errorf("rategate unreachable, closed %v: %d %q, want %d", closed, status, got, want)
+			}
+		}
+	})
+	t.Run("auth layer", func(t *testing.T) {
+		auth := startAuthLayer(t)
+		rg := m.rategate(t, "rategate-auth", policy(429, "h2auth", "", planRule))
+		h2 := testredis.FreePort(t)
+		nx := startNginx(t, "h2auth", "openresty-auth.conf",
+			rewrite{rategates: []string{rg.addr()}, app: m.app.addr, auth: auth.addr, extra: h2Listen(h2)})
+		addr := "127.0.0.1:" + strconv.Itoa(h2)
+		for i, want := range []int{200, 200, 429} {
+			if status, _ := h2Get(t, addr, "/user/feed", "Cookie: session=u-erin", "X-Plan: h2auth"); status != want {
+				t.Errorf("behind an auth layer over HTTP/2, request %d: %d, want %d", i+1, status, want)
+			}
+		}
+		if status, _ := h2Get(t, addr, "/user/feed", "X-Plan: h2auth2"); status != 401 {
+			t.Errorf("no session over HTTP/2: %d, want the auth layer's 401", status)
+		}
+		if r := nx.do(t, request{Path: "/user/feed", Header: []string{"Cookie: session=u-erin", "X-Plan: h2auth"}}); r.Status != 429 {
+			t.Errorf("the same plan over HTTP/1: %v, want 429 (one quota for both protocols)", r)
+		}
+	})
+	t.Run("auth_request of its own", func(t *testing.T) {
+		// A location whose own auth_request replaces rategate-lua.conf's,
+		// and that asks rategate there (the configuration before the
+		// named-location step): an HTTP/2 request cannot be decided, and
+		// is refused.
+		auth := startAuthLayer(t)
+		rg := m.rategate(t, "rategate-own", policy(429, "h2own", "", planRule))
+		h2 := testredis.FreePort(t)
+		nx := startNginx(t, "h2own", "openresty-auth.conf", rewrite{
+			rategates: []string{rg.addr()}, app: m.app.addr, auth: auth.addr,
+			extra: map[string]string{
+				shippedListen:                 fmt.Sprintf("%s listen 127.0.0.1:%d http2;", shippedListen, h2),
+				"access_by_lua_block { }":     "",
+				`try_files "" @rategate_app;`: "proxy_pass http://app;",
+			},
+		})
+		status, _ := h2Get(t, "127.0.0.1:"+strconv.Itoa(h2), "/user/feed", "Cookie: session=u-erin", "X-Plan: h2own")
+		if status != 500 {
+			t.Errorf("no decision over HTTP/2: %d, want 500 (refused)", status)
+		}
+		if log := procs.FileTail(nx.errorLog(), 20); !strings.Contains(log, "rategate: no decision for this HTTP/2 request") {
+			t.Errorf("no error-log line says why:\n%s", log)
+		}
+		if r := nx.do(t, request{Path: "/user/feed", Header: []string{"Cookie: session=u-erin", "X-Plan: h2own"}}); r.Status != 200 {
+			t.Errorf("the same over HTTP/1: %v, want 200", r)
+		}
+	})
+}

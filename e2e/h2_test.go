@@ -141,7 +141,7 @@ func TestHTTP2(t *testing.T) {
 			rg := m.rategate(t, "rategate", policy(429, "h2"+prefix, "", planRule))
 			needWindow(t, window, 60*time.Second)
 			h2 := testredis.FreePort(t)
-			startNginx(t, "h2", v.conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
+			nx := startNginx(t, "h2", v.conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
 			addr := "127.0.0.1:" + strconv.Itoa(h2)
 			get := func(plan string) int {
 				status, _ := h2Get(t, addr, "/user/feed", "X-User: dave", "X-Plan: "+plan)
@@ -150,6 +150,15 @@ func TestHTTP2(t *testing.T) {
 			for i, want := range []int{200, 200, 429} {
 				if got := get("h2gold"); got != want {
 					t.Fatalf("request %d over HTTP/2: %d, want %d", i+1, got, want)
+				}
+			}
+			// rategate's headers reached NGINX: the access log writes them
+			for i, want := range []struct{ ratelimit, rule, remains string }{
+				{"allowed", "", "1"}, {"allowed", "", "0"}, {"limited", "plan", "0"},
+			} {
+				l := nx.lastAccess(t, i+1)
+				if !strings.Contains(l.raw, "HTTP/2.0") || l.ratelimit != want.ratelimit || l.rule != want.rule || l.remains != want.remains {
+					t.Errorf("access-log line %d: %s; want ratelimit=%s rule=%s remaining=%s", i+1, l.raw, want.ratelimit, want.rule, want.remains)
 				}
 			}
 			for _, plan := range []string{"h2gold\x0b", "h2gold\x1f", "\x1ch2gold", "fresh\x01"} {

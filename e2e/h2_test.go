@@ -169,6 +169,21 @@ func TestHTTP2(t *testing.T) {
 			if got := get("h2gold\u00a0"); got != 429 {
 				t.Errorf("X-Plan padded with NBSP over HTTP/2: %d, want 429 (the quota of h2gold)", got)
 			}
+			// A request line that claims another version over HTTP/1: never
+			// through on the exhausted quota. NGINX answers 505 to a major
+			// version it does not speak and takes any HTTP/1 minor one, for
+			// which lua-nginx-module's http_version() is nil (a Lua error, a
+			// 500 and a stack trace in the error log per request, before).
+			for _, version := range []string{"HTTP/2.0", "HTTP/3.0", "HTTP/1.0", "HTTP/1.9"} {
+				line := rawStatusLine(t, nx.base(), "GET /user/feed "+version+"\r\nHost: x\r\nX-User: dave\r\nX-Plan: h2gold\r\nConnection: close\r\n\r\n")
+				want := "429 Too Many Requests"
+				if version[5] != '1' {
+					want = "505 HTTP Version Not Supported"
+				}
+				if !strings.HasSuffix(line, " "+want) {
+					t.Errorf("request line %s on the exhausted plan: %q, want %s", version, line, want)
+				}
+			}
 			if got := get("h2silver"); got != 200 {
 				t.Errorf("another plan over HTTP/2: %d, want 200", got)
 			}
@@ -236,4 +251,21 @@ func TestHTTP2(t *testing.T) {
 			t.Errorf("the same over HTTP/1: %v, want 200", r)
 		}
 	})
+}
+
+// rawStatusLine sends req as is to base's address and returns the status
+// line of the answer ("" when the connection closed without one).
+func rawStatusLine(t testing.TB, base, req string) string {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	return strings.TrimSpace(line)
 }

@@ -117,13 +117,21 @@ local function raw_header()
     return ngx.req.raw_header(true)
 end
 
+-- http2 reports whether the request came over HTTP/2 or later.
+-- ngx.req.http_version() is nil for an HTTP/1 minor version it does not
+-- know ("GET / HTTP/1.9", which NGINX accepts): that is HTTP/1 too, as
+-- /_rategate_h2's $server_protocol test has it.
+local function http2()
+    return (ngx.req.http_version() or 1) >= 2
+end
+
 -- has_control_byte reports whether a header of the request holds a control
 -- byte. lua-nginx-module copies such a value into the subrequest as %XX
 -- (k\x0b reaches rategate as "k%0B"), where it would be a fresh identity,
 -- while the application gets the byte itself and may trim it ("k"); without
 -- Lua, NGINX passes the byte on and rategate refuses the request.
 local function has_control_byte()
-    if ngx.req.http_version() < 2 then
+    if not http2() then
         local ok, raw = pcall(raw_header)
         if ok then
             return ngx.re.find(raw, CONTROL, "jo") ~= nil
@@ -190,7 +198,7 @@ function _M.check(location)
         return answer(400, "Bad Request: a request header holds a control byte.\n")
     end
     local status, header, body
-    if ngx.req.http_version() >= 2 then
+    if http2() then
         status, header = asked()
         if not status then
             ngx.log(ngx.ERR, "rategate: no decision for this HTTP/",

@@ -30,7 +30,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +42,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rategate/rategate/internal/procs"
 	"github.com/rategate/rategate/lua"
 )
 
@@ -93,7 +93,7 @@ func fail(err error) {
 // measure runs one case on a fresh redis-server under callgrind and
 // returns the instructions it executed per measured decision.
 func measure(spec string, batch, decisions int) (float64, error) {
-	port, err := freePort()
+	port, err := procs.FreePort()
 	if err != nil {
 		return 0, err
 	}
@@ -235,13 +235,4 @@ func batchArgs(r *rand.Rand, spec string, batch int) ([]string, []any) {
 		args = append(args, x)
 	}
 	return keys, args
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -109,16 +109,6 @@ func tail(path string, lines int) string {
 	return strings.Join(all, "\n")
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // waitHTTP waits until GET path on addr answers with status want.
 func waitHTTP(p *proc, addr, path string, want int, within time.Duration) error {
 	deadline := time.Now().Add(within)

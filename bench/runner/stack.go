@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/internal/procs"
 )
 
 // stack is every server of the benchmark, running.
@@ -102,7 +104,7 @@ func startStack(ctx context.Context, ps *procSet, work, bin, repo string, opt st
 	given := map[int]bool{}
 	addr := func() (string, error) {
 		for {
-			p, err := freePort()
+			p, err := procs.FreePort()
 			if err != nil {
 				return "", err
 			}

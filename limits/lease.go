@@ -527,12 +527,15 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 			later += t.granted
 		}
 		if s.until > now {
-			if e.avail.Load() <= later {
+			if e.avail.Load() <= later && e.inflight == nil {
 				// Spent to the last unit: forgotten. A window's other
 				// slices are of the same window, so a unit given back
 				// after this is as good in them (giveBack wants one of
 				// them live); a bucket's is settled with the next take,
-				// and then no unit of it may come back.
+				// and then no unit of it may come back. Not while a take
+				// is out: its decision may have reserved what avail held
+				// (avail is 0 meanwhile), and puts it back if the store
+				// has nothing to lease, into these slices.
 				e.slices = e.slices[1:]
 				if e.bucket {
 					e.settle = append(e.settle, s.id)

@@ -752,3 +752,149 @@ func TestLeaseWithIdentityOverride(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseCostsLeaveNoUnitStranded: a leased fixed_window of 50 a minute,
+// 100 concurrent requests of cost 7 on real clocks (7 fit: 49 units), then
+// requests of cost 1: the 50th unit is admitted to one of them, and no
+// more. Units a decision reserves from its slices while its take is out
+// are still held: when the store has nothing more to lease they go back
+// into the slices, even if a concurrent decision found them spent.
+func TestLeaseCostsLeaveNoUnitStranded(t *testing.T) {
+	for _, sc := range []struct {
+		name string
+		open func(t *testing.T) lmStore
+	}{{"memory", memoryLMStore}, {"redis", redisLMStore}} {
+		t.Run(sc.name, func(t *testing.T) {
+			s := sc.open(t)
+			r := leasedRule("global", limits.FixedWindow, 50, time.Minute)
+			ctx := context.Background()
+			for run := 0; run < 5; run++ {
+				if into := time.Now().UnixMicro() % 60_000_000; into > 57_000_000 {
+					// the run must not cross into the next window
+					time.Sleep(time.Duration(60_000_000-into+1000) * time.Microsecond)
+				}
+				l := limits.New(limits.Options{Store: s.store, Prefix: fmt.Sprintf("ls%d-%d", time.Now().UnixNano()%1_000_000, run),
+					Rules: []*limits.Rule{r}, Leaser: s.leaser})
+				var units atomic.Int64
+				start := make(chan struct{})
+				var wg sync.WaitGroup
+				for i := 0; i < 100; i++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						var d limits.Decision
+						if err := l.Decide(ctx, &limits.Request{Cost: 7}, &d); err != nil {
+							t.Error(err)
+						} else if d.Admitted {
+							units.Add(7)
+						}
+					}()
+				}
+				close(start)
+				wg.Wait()
+				costly := units.Load()
+				// then requests of cost 1, at once and once a denial's
+				// recheck time has passed
+				for i := 0; i < 10; i++ {
+					if i == 5 {
+						time.Sleep(limits.DefaultLeaseRecheck + 50*time.Millisecond)
+					}
+					var d limits.Decision
+					if err := l.Decide(ctx, &limits.Request{Cost: 1}, &d); err != nil {
+						t.Fatal(err)
+					} else if d.Admitted {
+						units.Add(1)
+					}
+				}
+				if got := units.Load(); costly != 49 || got != 50 {
+					_, held := l.LeasesHeld()
+					t.Fatalf("run %d: cost 7 admitted %d units, then cost 1 brought it to %d; want 49 then exactly 50 (held %d, stats %+v)",
+						run, costly, got, held, l.LeaseStats())
+				}
+				_ = l.ReturnLeases(ctx, 0)
+			}
+		})
+	}
+}
+
+// gatedLeaser holds the next take, once armed, until release is closed.
+type gatedLeaser struct {
+	limits.Leaser
+	armed            atomic.Bool
+	entered, release chan struct{}
+}
+
+func (g *gatedLeaser) TakeLease(ctx context.Context, t *limits.LeaseTake) (limits.LeaseGrant, error) {
+	if g.armed.Swap(false) {
+		close(g.entered)
+		<-g.release
+	}
+	return g.Leaser.TakeLease(ctx, t)
+}
+
+// TestLeaseReservedUnitSurvivesConcurrentDecision pins the interleaving
+// behind TestLeaseCostsLeaveNoUnitStranded: a request of cost 7 finds 1
+// unit held, reserves it and asks the store for 6 more; while that take is
+// out, a request of cost 1 finds nothing to spend (the unit is reserved)
+// and waits for the take. The store has nothing left: the reserved unit
+// goes back into the slice, and the cost-1 request spends it.
+func TestLeaseReservedUnitSurvivesConcurrentDecision(t *testing.T) {
+	mem := memstore.NewSweeping(time.Hour)
+	t.Cleanup(func() { mem.Close() })
+	gl := &gatedLeaser{Leaser: mem, entered: make(chan struct{}), release: make(chan struct{})}
+	r := leasedRule("global", limits.FixedWindow, 50, time.Minute)
+	l := limits.New(limits.Options{Store: mem, Prefix: "lg", Rules: []*limits.Rule{r}, Leaser: gl, Lease: limits.LeaseOptions{SyncPrefetch: true}})
+	ctx := context.Background()
+	now := (time.Now().UnixMicro()/60_000_000+1)*60_000_000 + 1000
+	decide := func(cost, at int64) bool {
+		var d limits.Decision
+		if err := l.DecideAt(ctx, &limits.Request{Cost: cost}, &d, at); err != nil {
+			t.Error(err)
+		}
+		return d.Admitted
+	}
+	units := int64(0)
+	for i := 0; i < 10; i++ {
+		now += 1000
+		if decide(7, now) {
+			units += 7
+		}
+	}
+	if _, held := l.LeasesHeld(); units != 49 || held != 1 {
+		t.Fatalf("setup: %d units admitted, %d held; want 49 and 1", units, held)
+	}
+	// past the recheck time of the last denial: the next request of cost
+	// 7 asks the store again
+	now += limits.PeriodUS(limits.DefaultLeaseRecheck) + 1000
+	gl.armed.Store(true)
+	var wg sync.WaitGroup
+	var costly, cheap bool
+	wg.Add(2)
+	go func() { defer wg.Done(); costly = decide(7, now) }()
+	select {
+	case <-gl.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request of cost 7 did not ask the store")
+	}
+	go func() { defer wg.Done(); cheap = decide(1, now) }()
+	time.Sleep(50 * time.Millisecond) // the cost-1 request reaches the wait
+	close(gl.release)
+	wg.Wait()
+	if costly || !cheap {
+		t.Fatalf("cost 7 admitted %v, cost 1 admitted %v; want false, true (stats %+v)", costly, cheap, l.LeaseStats())
+	}
+	units++
+	for i := 0; i < 5; i++ {
+		now += 1000
+		if decide(1, now) {
+			units++
+		}
+	}
+	if units != 50 {
+		t.Fatalf("%d units admitted, want exactly the limit 50", units)
+	}
+	if st := l.LeaseStats()[0]; st.Wasted != 0 {
+		t.Fatalf("%d units wasted (stats %+v)", st.Wasted, st)
+	}
+}

@@ -527,13 +527,15 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 			later += t.granted
 		}
 		if s.until > now {
-			if e.avail.Load() <= later && e.inflight == nil {
+			if e.avail.Load() <= later && e.inflight == nil && (e.bucket || len(e.slices) > 1) {
 				// Spent to the last unit: forgotten. A window's other
 				// slices are of the same window, so a unit given back
 				// after this is as good in them (giveBack wants one of
-				// them live); a bucket's is settled with the next take,
-				// and then no unit of it may come back. Not while a take
-				// is out: its decision may have reserved what avail held
+				// them live); its newest slice is kept until its window
+				// ends, for the units of requests another rule may yet
+				// deny. A bucket's is settled with the next take, and
+				// then no unit of it may come back. Not while a take is
+				// out: its decision may have reserved what avail held
 				// (avail is 0 meanwhile), and puts it back if the store
 				// has nothing to lease, into these slices.
 				e.slices = e.slices[1:]

@@ -898,3 +898,33 @@ func TestLeaseReservedUnitSurvivesConcurrentDecision(t *testing.T) {
 		t.Fatalf("%d units wasted (stats %+v)", st.Wasted, st)
 	}
 }
+
+// TestLeaseGiveBackOfTheLastUnit: a request that spends the last unit of
+// a leased window's slices and is then denied by another rule gives the
+// unit back, even though the slices were spent to the last unit in between
+// (the prefetch it set off found the store empty): the limit is admitted
+// whole.
+func TestLeaseGiveBackOfTheLastUnit(t *testing.T) {
+	for _, algo := range []limits.Algorithm{limits.FixedWindow, limits.SlidingWindow} {
+		t.Run(string(algo), func(t *testing.T) {
+			global := leasedRule("global", algo, 50, time.Minute)
+			perUser := &limits.Rule{Name: "per-user", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.FixedWindow, Limit: 1, Period: time.Minute, Burst: 1, Cost: 1}
+			g := newLeaseRig(t, 1, limits.LeaseOptions{}, global, perUser)
+			g.lims[0].NoDenyCache()
+			admitted := 0
+			for i := 0; i < 60; i++ {
+				g.now += 1000
+				if i > 0 && g.decide(0, "u0", 0).Admitted {
+					t.Fatal("u0 admitted twice")
+				}
+				g.now += 1000
+				if g.decide(0, fmt.Sprintf("u%d", i), 0).Admitted {
+					admitted++
+				}
+			}
+			if admitted != 50 {
+				t.Fatalf("%d admitted, want exactly the limit 50 (stats %+v)", admitted, g.lims[0].LeaseStats())
+			}
+		})
+	}
+}

@@ -13,14 +13,12 @@ fresh ones, and a $rategate_user built from an auth layer's answer
 behind one address one anonymous client.
 
 lua-nginx-module refuses ngx.location.capture inside an HTTP/2 (or later)
-request. There rategate-lua.conf's auth_request has already asked rategate
-through /_rategate_h2 and kept its status and headers in $rg_h2_*: check()
-reads the answer from them and acts on it the same way. Where a location's
-own auth_request (an auth layer's) replaced that one, the variables are
-empty and the request is refused with 500 and an error-log line: it is
-never let through unasked.
+request ("http2 requests not supported yet"), so this module cannot ask
+rategate for one: it refuses such a request with 500 and an error-log line
+that says so, and never lets it through unasked. Serve HTTP/2 with the
+plain variant (rategate.conf), which asks through auth_request.
 
-Either way, rategate's answer (or NGINX's, when it could not ask) is:
+rategate's answer (or NGINX's, when it could not ask) is:
 
   2xx      the request goes on; rategate's rate-limit headers are added to
            whatever the application answers.
@@ -149,43 +147,6 @@ local function has_control_byte()
     return false
 end
 
--- H2_VARS are the variables rategate-lua.conf's auth_request_set fills, by
--- the lower-case name of the response header each holds.
-local H2_VARS = {
-    ["ratelimit-policy"] = "rg_h2_policy",
-    ["ratelimit"] = "rg_h2_ratelimit",
-    ["x-ratelimit-limit"] = "rg_h2_limit",
-    ["x-ratelimit-remaining"] = "rg_h2_remaining",
-    ["x-ratelimit-reset"] = "rg_h2_reset",
-    ["x-ratelimit-status"] = "rg_h2_state",
-    ["retry-after"] = "rg_h2_retry_after",
-    ["x-ratelimit-rule"] = "rg_h2_rule",
-}
-
-local function getvar(name)
-    return ngx.var[name]
-end
-
--- asked returns the status and the headers (by lower-case name) of the
--- answer rategate-lua.conf's auth_request fetched, or nil when there is
--- none. $upstream_status lists every instance tried ("502, 204"): the last
--- one answered.
-local function asked()
-    local ok, st = pcall(getvar, "rg_h2_status")
-    local status = ok and st and tonumber(st:match("(%d+)%s*$"))
-    if not status then
-        return nil
-    end
-    local header = {}
-    for name, var in pairs(H2_VARS) do
-        local v = getvar(var)
-        if v ~= nil and v ~= "" then
-            header[name] = v
-        end
-    end
-    return status, header
-end
-
 -- check decides the current request. location is the internal location that
 -- proxies to rategate's /auth; default "/_rategate".
 function _M.check(location)
@@ -197,22 +158,18 @@ function _M.check(location)
         record(400, {})
         return answer(400, "Bad Request: a request header holds a control byte.\n")
     end
-    local status, header, body
     if http2() then
-        status, header = asked()
-        if not status then
-            ngx.log(ngx.ERR, "rategate: no decision for this HTTP/",
-                ngx.req.http_version(), " request: lua-nginx-module cannot",
-                " capture a subrequest in it, and rategate-lua.conf's",
-                " auth_request did not run here (a location's own",
-                " auth_request replaces it; see docs/nginx.md)")
-            return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
-        end
-        body = ""
-    else
-        local res = capture(location or "/_rategate", { copy_all_vars = true })
-        status, header, body = res.status, lower(res.header), res.body
+        -- refused, never let through unasked: see the header of this file
+        record(500, {})
+        ngx.log(ngx.ERR, "rategate: cannot ask rategate in an HTTP/",
+            ngx.req.http_version(), " request: lua-nginx-module refuses",
+            " ngx.location.capture there; serve HTTP/2 with the plain",
+            " variant (rategate.conf) or turn http2 off on this server",
+            " (docs/nginx.md)")
+        return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
     end
+    local res = capture(location or "/_rategate", { copy_all_vars = true })
+    local status, header, body = res.status, lower(res.header), res.body
     copy(HEADERS, header)
     record(status, header)
 

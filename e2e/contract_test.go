@@ -851,6 +851,8 @@ func TestPathParametersThroughNginx(t *testing.T) {
 		{"/x/..;/admin", 429},
 		{"/admin;jsessionid=1/users", 429},
 		{"/static/..;/admin", 429},
+		{"/%3Bx/admin", 429},  // NGINX decodes it where proxy_pass has a URI part
+		{"/admin/..;/x", 429}, // NGINX sends it to the /admin/ location
 	} {
 		if r := nx.do(t, request{Path: c.path}); r.Status != c.want {
 			t.Errorf("request %d, %s: %d, want %d", i+1, c.path, r.Status, c.want)

@@ -66,6 +66,13 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.route = h.pathParams.Normalize(s.route[:0], uri)
+	var nginxRoute []byte
+	if h.pathParams == limits.StripPathParams && hasParams(uri) {
+		s.nginxRoute = limits.NormalizeRoute(s.nginxRoute[:0], uri)
+		if !bytes.Equal(s.nginxRoute, s.route) {
+			nginxRoute = s.nginxRoute
+		}
+	}
 
 	// The address is copied out at once: PeekAll's result is only valid
 	// until the next PeekAll.
@@ -122,14 +129,15 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	}
 
 	s.req = limits.Request{
-		Method:  method,
-		Route:   s.route,
-		Host:    s.host,
-		IP:      s.ip,
-		User:    hdr.PeekCanonical(h.userHeader),
-		Headers: hdr,
-		Cost:    cost,
-		Addr:    addr,
+		Method:     method,
+		Route:      s.route,
+		NginxRoute: nginxRoute,
+		Host:       s.host,
+		IP:         s.ip,
+		User:       hdr.PeekCanonical(h.userHeader),
+		Headers:    hdr,
+		Cost:       cost,
+		Addr:       addr,
 	}
 
 	s.ctx.start(start, h.timeout)
@@ -150,6 +158,26 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// hasParams reports whether uri may hold a path parameter: a ';', literal
+// or escaped (a query's count too: the check is only to skip the second
+// normalization for the many requests without one).
+func hasParams(uri []byte) bool {
+	if bytes.IndexByte(uri, ';') >= 0 {
+		return true
+	}
+	for i := bytes.IndexByte(uri, '%'); i >= 0 && i+2 < len(uri); {
+		if uri[i+1] == '3' && (uri[i+2] == 'B' || uri[i+2] == 'b') {
+			return true
+		}
+		j := bytes.IndexByte(uri[i+1:], '%')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return false
+}
+
 // maxPooledBuf bounds each buffer kept in the pool, so one huge request
 // does not pin its memory for good.
 const maxPooledBuf = 16 << 10
@@ -161,7 +189,7 @@ const maxPooledBuf = 16 << 10
 // route on).
 func (h *Handler) put(s *scratch) {
 	s.req = limits.Request{}
-	s.route, s.ip, s.host = shed(s.route), shed(s.ip), shed(s.host)
+	s.route, s.nginxRoute, s.ip, s.host = shed(s.route), shed(s.nginxRoute), shed(s.ip), shed(s.host)
 	s.buf, s.list, s.item = shed(s.buf), shed(s.list), shed(s.item)
 	s.dec.ShedBuffers(maxPooledBuf)
 	h.pool.Put(s)

@@ -173,9 +173,12 @@ type scratch struct {
 	req   limits.Request
 	dec   limits.Decision
 	route []byte
-	ip    []byte
-	host  []byte
-	buf   []byte
+	// nginxRoute is the route with path parameters kept, where they are
+	// stripped and the request has any (Request.NginxRoute)
+	nginxRoute []byte
+	ip         []byte
+	host       []byte
+	buf        []byte
 	// list is RateLimit's text, item one RateLimit item's (appendLists).
 	list, item []byte
 	ctx        *deadlineCtx

@@ -610,15 +610,17 @@ func TestTrailerIsRefused(t *testing.T) {
 
 // TestPathParametersStripped: with path parameters stripped, a target a
 // Tomcat-like application serves as /admin is counted as /admin, under a
-// match.path prefix and by a rule keyed on the route; kept (the default),
-// NGINX's own reading stands.
+// match.path prefix and by a rule keyed on the route, and one NGINX routes
+// under /admin stays under it ("/admin/..;/x"); kept (the default), NGINX's
+// own reading stands.
 func TestPathParametersStripped(t *testing.T) {
 	admin := rule("admin-per-ip", 1, time.Minute, limits.KeyIP)
 	admin.Match.PathPrefix = "/admin"
 	perRoute := rule("per-route", 2, time.Minute, limits.KeyRoute)
 	ts := pinned(t, Options{PathParams: limits.StripPathParams}, admin, perRoute)
 	equal(t, 204, ts.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)
-	for _, uri := range []string{"/;x/admin", "/x/..;/admin", "/admin;jsessionid=9", "/static/..;/admin/users"} {
+	for _, uri := range []string{"/;x/admin", "/x/..;/admin", "/admin;jsessionid=9", "/static/..;/admin/users",
+		"/%3Bx/admin", "/x/..%3b/admin", "/admin/..;/x"} {
 		r := ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.1")
 		equal(t, 429, r.status, "%s after /admin", uri)
 		equal(t, "admin-per-ip", r.headers["x-ratelimit-rule"], "%s", uri)
@@ -632,6 +634,19 @@ func TestPathParametersStripped(t *testing.T) {
 	kept := pinned(t, Options{}, admin, perRoute)
 	equal(t, 204, kept.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)
 	equal(t, 204, kept.auth(t, "X-Original-URI", "/;x/admin", "X-Real-IP", "192.0.2.1").status, "kept: /;x/admin is not /admin")
+}
+
+// TestHasParams: the check that skips NGINX's route for requests with no
+// ';' in any spelling never skips one that has it.
+func TestHasParams(t *testing.T) {
+	for uri, want := range map[string]bool{
+		"/a;b": true, "/a%3Bb": true, "/a%3bb": true, "/%25%3Bx": true, "/a?x=%3B": true,
+		"/a": false, "/a%3": false, "/a%3C": false, "%": false, "/%2F%3": false,
+	} {
+		if got := hasParams([]byte(uri)); got != want {
+			t.Errorf("hasParams(%q) = %v, want %v", uri, got, want)
+		}
+	}
 }
 
 // TestHeadCountsAsGet: a rule on GET keyed on the method counts HEAD

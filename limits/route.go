@@ -91,11 +91,13 @@ const (
 	// KeepPathParams keeps them as bytes of the path, as NGINX routes it
 	// (NormalizeRoute).
 	KeepPathParams PathParams = iota
-	// StripPathParams drops each one before anything is decoded, as
-	// Tomcat, Jetty and Spring MVC do before they resolve a path: they
-	// serve "/admin;jsessionid=1", "/;x/admin" and "/x/..;/admin" as
-	// "/admin", and so this counts them. An escaped "%3B" is no parameter
-	// (those servers decode after stripping): it stays, written "%3B".
+	// StripPathParams drops each one, as Tomcat, Jetty and Spring MVC do
+	// before they resolve a path: they serve "/admin;jsessionid=1",
+	// "/;x/admin" and "/x/..;/admin" as "/admin", and so this counts them.
+	// An escaped ";" ("%3B") starts one too: those servers see it decoded
+	// where NGINX decodes the path it sends (proxy_pass with a URI part, a
+	// rewrite); where they get it escaped, a route counted without it is
+	// only stricter. A route stripped so holds no ';'.
 	StripPathParams
 )
 
@@ -143,24 +145,25 @@ func (p PathParams) Normalize(dst, uri []byte) []byte {
 		mark := len(out)
 		out = append(out, '/')
 		more := false // a separator ended this segment
+		param := false // stripping: inside a parameter, to the segment's end
 		for i < len(path) {
-			if strip && path[i] == ';' {
-				// the parameter runs to the next literal '/', which ends
-				// the segment as usual ("..;x" is "..")
-				for i < len(path) && path[i] != '/' {
-					i++
-				}
-				continue
-			}
 			c, n := decodeAt(path, i)
 			i += n
 			if c == '/' {
 				more = true
 				break
 			}
-			// stripping, an escaped ';' stays escaped: as a literal one
-			// it would be a parameter when the route is read again
-			if routeLiteral[c] && !(strip && c == ';') {
+			if strip && (param || c == ';') {
+				// the parameter runs to the next '/', which ends the
+				// segment as usual ("..;x" is ".."). A decoded ';' starts
+				// one too, and a decoded '/' ends it: NGINX sends the
+				// application the decoded path where proxy_pass has a
+				// URI part or a rewrite ran ("/%3Bx/admin" arrives as
+				// "/;x/admin").
+				param = true
+				continue
+			}
+			if routeLiteral[c] {
 				out = append(out, c)
 			} else {
 				out = append(out, '%', hexDigits[c>>4], hexDigits[c&15])

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -102,9 +103,11 @@ func TestNormalizeRoute(t *testing.T) {
 
 // TestStripPathParams: with identity.path_parameters: strip, a target is
 // counted as Tomcat, Jetty and Spring MVC serve it: every ";..." up to the
-// next literal '/' goes before anything is decoded, so a parameter cannot
-// carry a target out of a match.path prefix ("/;x/admin" is "/admin") and
-// "..;" is "..". An escaped ';' is no parameter, and stays escaped.
+// next '/' goes, so a parameter cannot carry a target out of a match.path
+// prefix ("/;x/admin" is "/admin") and "..;" is "..". An escaped ';' starts
+// one too (NGINX decodes it where it rewrites the path it proxies), and a
+// match.path also holds on NGINX's own route: "/admin/..;/x", which NGINX
+// sends to the /admin/ location, counts as /x and is still under /admin.
 func TestStripPathParams(t *testing.T) {
 	for in, want := range map[string]string{
 		"/admin;jsessionid=1":      "/admin",
@@ -114,9 +117,11 @@ func TestStripPathParams(t *testing.T) {
 		"/x/..;/admin":             "/admin",
 		"/static/..;/admin/users":  "/admin/users",
 		"/a;p=1/b;q=2/":            "/a/b/",
-		"/a;p%2F..%2F/b":           "/a/b", // an escaped '/' inside a parameter goes with it
-		"/a%3Bb":                   "/a%3Bb",
-		"/a%3bb;c":                 "/a%3Bb",
+		"/a;p%2F..%2F/b":           "/b", // a decoded '/' ends a parameter, as NGINX's $uri has it
+		"/a%3Bb":                   "/a", // NGINX sends "/a;b" where it decodes the path it proxies
+		"/a%3bb;c":                 "/a",
+		"/%3Bfoo/admin":            "/admin",
+		"/x/..%3B/admin":           "/admin",
 		"/%2e%2e;x/admin":          "/admin",
 		"http://h/x/..;/admin;a?b": "/admin",
 		"/admin":                   "/admin",
@@ -133,9 +138,17 @@ func TestStripPathParams(t *testing.T) {
 		}
 	}
 	r := &Rule{Name: "admin", Match: Match{PathPrefix: "/admin"}}
-	for _, in := range []string{"/;x/admin", "/x/..;/admin", "/static/..;/admin/users", "/admin;x"} {
-		if !r.Matches(&Request{Route: StripPathParams.Normalize(nil, []byte(in))}) {
-			t.Errorf("%q escapes match.path /admin with parameters stripped", in)
+	re := &Rule{Name: "admin-re", Match: Match{PathRegex: regexp.MustCompile(`^/admin(/|$)`)}}
+	for _, in := range []string{"/;x/admin", "/x/..;/admin", "/static/..;/admin/users", "/admin;x",
+		"/%3Bfoo/admin", "/x/..%3B/admin", "/admin/..;/x", "/admin/%2e%2e;/x", "/admin/x/..;/..;/y"} {
+		req := &Request{Route: StripPathParams.Normalize(nil, []byte(in))}
+		if kept := NormalizeRoute(nil, []byte(in)); !bytes.Equal(kept, req.Route) {
+			req.NginxRoute = kept
+		}
+		for _, rule := range []*Rule{r, re} {
+			if !rule.Matches(req) {
+				t.Errorf("%q (route %q, NGINX's %q) escapes %s with parameters stripped", in, req.Route, req.NginxRoute, rule.Name)
+			}
 		}
 	}
 	for _, s := range []string{"keep", "strip"} {
@@ -162,8 +175,8 @@ func checkRoute(r []byte) string { return checkRouteOf(r, KeepPathParams) }
 // checkRouteOf reports how r breaks p.Normalize's invariants, or "":
 // stripping, a route holds no literal ';' (it escapes a decoded one).
 func checkRouteOf(r []byte, p PathParams) string {
-	if p == StripPathParams && bytes.IndexByte(r, ';') >= 0 {
-		return "contains a literal ';' with parameters stripped"
+	if p == StripPathParams && (bytes.IndexByte(r, ';') >= 0 || bytes.Contains(r, []byte("%3B"))) {
+		return "contains a ';' with parameters stripped"
 	}
 	switch {
 	case len(r) == 0 || r[0] != '/':
@@ -194,7 +207,7 @@ func checkRouteOf(r []byte, p PathParams) string {
 		}
 		hi, _ := unhex(r[i+1])
 		lo, _ := unhex(r[i+2])
-		if d := hi<<4 | lo; (routeLiteral[d] && !(p == StripPathParams && d == ';')) || d == '/' {
+		if d := hi<<4 | lo; routeLiteral[d] || d == '/' {
 			return "escapes a byte that is written literally"
 		}
 	}

@@ -163,6 +163,13 @@ type Headers interface {
 type Request struct {
 	Method []byte
 	Route  []byte
+	// NginxRoute, when set, is the route as NGINX routes the request
+	// (path parameters kept) where Route strips them
+	// (identity.path_parameters: strip) and the two differ: a match.path
+	// holds when it matches either, since NGINX may send the request to
+	// the location the prefix guards ("/admin/..;/x" goes to /admin/ and
+	// counts as /x).
+	NginxRoute []byte
 	Host   []byte
 	IP     []byte
 	// User is empty for anonymous requests.
@@ -175,14 +182,19 @@ type Request struct {
 	Addr netip.Addr
 }
 
+// matchesPath reports whether route meets the path condition (any route
+// when there is none).
+func (m *Match) matchesPath(route []byte) bool {
+	if m.PathRegex != nil {
+		return m.PathRegex.Match(route)
+	}
+	return m.PathPrefix == "" || bytes.HasPrefix(route, []byte(m.PathPrefix))
+}
+
 // Matches reports whether r's conditions hold for the request.
 func (r *Rule) Matches(req *Request) bool {
 	m := &r.Match
-	if m.PathRegex != nil {
-		if !m.PathRegex.Match(req.Route) {
-			return false
-		}
-	} else if m.PathPrefix != "" && !bytes.HasPrefix(req.Route, []byte(m.PathPrefix)) {
+	if !m.matchesPath(req.Route) && (req.NginxRoute == nil || !m.matchesPath(req.NginxRoute)) {
 		return false
 	}
 	if len(m.Methods) > 0 {

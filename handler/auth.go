@@ -41,8 +41,10 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 
 	// fasthttp's Peek falls back to a chunked body's trailer fields: a
 	// client could name itself after the body, where no proxy in front
-	// replaces what it wrote. NGINX sends /auth no body.
-	if len(hdr.PeekTrailerKeys()) > 0 {
+	// replaces what it wrote. NGINX sends /auth no body. Trailer fields
+	// come only after a chunked body (ContentLength -1); a Trailer header
+	// alone, which NGINX passes on from the client, only declares names.
+	if hdr.ContentLength() == -1 && len(hdr.PeekTrailerKeys()) > 0 {
 		h.badRequest(ctx, trailerBody, limits.RejectTrailer, start)
 		return
 	}

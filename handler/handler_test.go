@@ -601,8 +601,13 @@ func TestTrailerIsRefused(t *testing.T) {
 		equal(t, 400, status, "trailer %q after %q: %q", tc.trailer, tc.headers, body)
 		equal(t, want, body, "trailer %q", tc.trailer)
 	}
+	// A Trailer header that only declares names (no chunked body: nothing
+	// can follow) is a header like any other. NGINX passes a client's on,
+	// and Go's HTTP client sends one for a request with Trailer set.
+	status, body := ts.raw(t, head+"X-Original-URI: /x\r\nX-User-Id: v\r\nTrailer: X-User-Id, X-Other\r\nConnection: close\r\n\r\n")
+	equal(t, 204, status, "Trailer declared on a request without a body: %q", body)
 	// Without a trailer a body changes nothing: u's one request, then 429.
-	status, body := chunked("X-Original-URI: /x\r\nX-User-Id: u\r\nX-Api-Key: k\r\n", "")
+	status, body = chunked("X-Original-URI: /x\r\nX-User-Id: u\r\nX-Api-Key: k\r\n", "")
 	equal(t, 204, status, "a chunked body without a trailer: %q", body)
 	status, _ = ts.raw(t, head+"X-Original-URI: /x\r\nX-User-Id: u\r\nX-Api-Key: k3\r\nContent-Length: 1\r\nConnection: close\r\n\r\na")
 	equal(t, 429, status, "u's second request, with a body")

@@ -291,10 +291,12 @@ func URLHost(b []byte) (host []byte, ok bool) {
 func hostOnly(a []byte) []byte {
 	if len(a) > 0 && a[0] == '[' {
 		// an IPv6 literal ends at its bracket, whatever follows, as NGINX
-		// ends it ("[a]b:80" is "[a]")
+		// ends it ("[a]b:80" is "[a]"); without one the value is kept
+		// whole, as NGINX keeps it ("[::1:80")
 		if i := bytes.IndexByte(a, ']'); i >= 0 {
 			return a[:i+1]
 		}
+		return a
 	}
 	if i := bytes.IndexByte(a, ':'); i >= 0 {
 		a = a[:i]

@@ -302,6 +302,7 @@ func TestAppendHost(t *testing.T) {
 		"[2001:db8::1]":          "[2001:db8::1]",
 		"[2001:db8::1]x:80":      "[2001:db8::1]", // NGINX's $host ends at the bracket
 		"[2001:db8::1].":         "[2001:db8::1]",
+		"[::1:80":                "[::1:80", // no closing bracket: NGINX's $host keeps it whole
 		"192.0.2.1:80":           "192.0.2.1",
 		"":                       "",
 		"\u00c9vil.example":      "\u00c9vil.example", // ASCII only, as NGINX's $host

@@ -144,7 +144,7 @@ func (p PathParams) Normalize(dst, uri []byte) []byte {
 	for {
 		mark := len(out)
 		out = append(out, '/')
-		more := false // a separator ended this segment
+		more := false  // a separator ended this segment
 		param := false // stripping: inside a parameter, to the segment's end
 		for i < len(path) {
 			c, n := decodeAt(path, i)

@@ -170,8 +170,8 @@ type Request struct {
 	// the location the prefix guards ("/admin/..;/x" goes to /admin/ and
 	// counts as /x).
 	NginxRoute []byte
-	Host   []byte
-	IP     []byte
+	Host       []byte
+	IP         []byte
 	// User is empty for anonymous requests.
 	User    []byte
 	Headers Headers

@@ -148,12 +148,18 @@ func TestHTTP2(t *testing.T) {
 			}
 		}
 	}
-	t.Run("nginx.conf", func(t *testing.T) {
-		rg := m.rategate(t, "rategate", policy(429, "h2plain", "", planRule))
+	// start runs a rategate on planRule and conf with an HTTP/2 port, and
+	// returns the server and that port's address.
+	start := func(t *testing.T, name, conf string) (*nginxServer, string) {
+		t.Helper()
+		rg := m.rategate(t, "rategate-"+name, policy(429, name, "", planRule))
 		needWindow(t, window, 60*time.Second)
 		h2 := testredis.FreePort(t)
-		nx := startNginx(t, "h2", "nginx.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
-		addr := "127.0.0.1:" + strconv.Itoa(h2)
+		nx := startNginx(t, name, conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
+		return nx, "127.0.0.1:" + strconv.Itoa(h2)
+	}
+	t.Run("nginx.conf", func(t *testing.T) {
+		nx, addr := start(t, "h2plain", "nginx.conf")
 		get := func(plan string) int {
 			status, _ := h2Get(t, addr, "/user/feed", "X-User: dave", "X-Plan: "+plan)
 			return status
@@ -186,11 +192,7 @@ func TestHTTP2(t *testing.T) {
 		versions(t, nx, "h2gold")
 	})
 	t.Run("openresty.conf", func(t *testing.T) {
-		rg := m.rategate(t, "rategate-lua", policy(429, "h2lua", "", planRule))
-		needWindow(t, window, 60*time.Second)
-		h2 := testredis.FreePort(t)
-		nx := startNginx(t, "h2lua", "openresty.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
-		addr := "127.0.0.1:" + strconv.Itoa(h2)
+		nx, addr := start(t, "h2lua", "openresty.conf")
 		for i := range 3 {
 			if status, _ := h2Get(t, addr, "/user/feed", "X-User: dave", "X-Plan: h2lua"); status != 500 {
 				t.Fatalf("request %d over HTTP/2: %d, want 500 (refused)", i+1, status)

@@ -26,6 +26,8 @@ var (
 	valUnavailable = []byte("unavailable")
 	valLocal       = []byte("local")
 
+	paramSlashBody = []byte("a path parameter holds an escaped '/' (%2F): where it ends depends on who decodes the path," +
+		" so rategate cannot count it (identity.path_parameters: strip)\n")
 	trailerBody = []byte("trailer fields on /auth: rategate reads a client's identity from the request head only" +
 		" (send no body: proxy_pass_request_body off)\n")
 )
@@ -42,9 +44,11 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// fasthttp's Peek falls back to a chunked body's trailer fields: a
 	// client could name itself after the body, where no proxy in front
 	// replaces what it wrote. NGINX sends /auth no body. Trailer fields
-	// come only after a chunked body (ContentLength -1); a Trailer header
-	// alone, which NGINX passes on from the client, only declares names.
-	if hdr.ContentLength() == -1 && len(hdr.PeekTrailerKeys()) > 0 {
+	// come only after a chunked body; a Trailer header alone, which NGINX
+	// passes on from the client, only declares names. (fasthttp sets the
+	// ContentLength of an empty chunked body to 0 before it reads the
+	// trailer: the raw head says it was chunked.)
+	if len(hdr.PeekTrailerKeys()) > 0 && (hdr.ContentLength() == -1 || rawCount(hdr.RawHeaders(), "Transfer-Encoding") > 0) {
 		h.badRequest(ctx, trailerBody, limits.RejectTrailer, start)
 		return
 	}
@@ -70,6 +74,10 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	s.route = h.pathParams.Normalize(s.route[:0], uri)
 	var nginxRoute []byte
 	if h.pathParams == limits.StripPathParams && hasParams(uri) {
+		if limits.ParamSlash(uri) {
+			h.badRequest(ctx, paramSlashBody, limits.RejectMissingURI, start)
+			return
+		}
 		s.nginxRoute = limits.NormalizeRoute(s.nginxRoute[:0], uri)
 		if !bytes.Equal(s.nginxRoute, s.route) {
 			nginxRoute = s.nginxRoute

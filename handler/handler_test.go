@@ -601,6 +601,12 @@ func TestTrailerIsRefused(t *testing.T) {
 		equal(t, 400, status, "trailer %q after %q: %q", tc.trailer, tc.headers, body)
 		equal(t, want, body, "trailer %q", tc.trailer)
 	}
+	// An empty chunked body ("0") before the trailer: fasthttp sets the
+	// ContentLength to 0 first; still refused.
+	for _, who := range []string{"u", "u2"} {
+		status, body := ts.raw(t, head+"X-Original-URI: /x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\nX-User-Id: "+who+"\r\n\r\n")
+		equal(t, 400, status, "an empty chunked body, trailer X-User-Id: %s: %q", who, body)
+	}
 	// A Trailer header that only declares names (no chunked body: nothing
 	// can follow) is a header like any other. NGINX passes a client's on,
 	// and Go's HTTP client sends one for a request with Trailer set.
@@ -635,6 +641,15 @@ func TestPathParametersStripped(t *testing.T) {
 	equal(t, 204, r.status)
 	equal(t, "0", r.headers["x-ratelimit-remaining"], "/login's second request")
 	equal(t, 429, ts.auth(t, "X-Original-URI", "/login", "X-Real-IP", "192.0.2.4").status, "/login's third request")
+
+	// An escaped '/' inside a parameter: Tomcat ends the parameter at the
+	// next literal '/' ("/admin"), NGINX's decoded path at the %2F
+	// ("/public"): refused, as no spelling can be counted for both.
+	for _, uri := range []string{"/admin;x%2F..%2Fpublic", "/admin;%2F..%2Fz1", "/admin/users;a%2F..%2F..%2Fq", "/a%3Bx%2f../b"} {
+		r := ts.auth(t, "X-Original-URI", uri, "X-Real-IP", "192.0.2.9")
+		equal(t, 400, r.status, "%s", uri)
+		check(t, strings.HasPrefix(r.body, "a path parameter holds an escaped '/'"), "%s: %q", uri, r.body)
+	}
 
 	kept := pinned(t, Options{}, admin, perRoute)
 	equal(t, 204, kept.auth(t, "X-Original-URI", "/admin", "X-Real-IP", "192.0.2.1").status)

@@ -101,6 +101,37 @@ const (
 	StripPathParams
 )
 
+// ParamSlash reports whether a path parameter of uri (from a ';', literal
+// or %3B, to the next literal '/') holds an escaped '/' (%2F). Stripping
+// cannot say where such a parameter ends: Tomcat and Jetty strip to the
+// next literal '/' before decoding (they serve "/admin;x%2F..%2Fpublic"
+// as "/admin"), while NGINX, where it decodes the path it proxies, ends
+// it at the decoded one ("/public"). Under StripPathParams the handler
+// refuses such a request; no client needs one.
+func ParamSlash(uri []byte) bool {
+	path := uri
+	if len(path) > 0 && path[0] != '/' {
+		path = absolutePath(path)
+	}
+	if i := bytes.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	in := false // inside a parameter
+	for i := 0; i < len(path); {
+		c, n := decodeAt(path, i)
+		switch {
+		case n == 1 && c == '/':
+			in = false
+		case c == ';':
+			in = true
+		case n == 3 && c == '/' && in:
+			return true
+		}
+		i += n
+	}
+	return false
+}
+
 // ParsePathParams reads keep or strip.
 func ParsePathParams(s string) (PathParams, bool) {
 	switch s {

@@ -151,6 +151,14 @@ func TestStripPathParams(t *testing.T) {
 			}
 		}
 	}
+	for uri, want := range map[string]bool{
+		"/admin;x%2F..%2Fpublic": true, "/admin;%2f..": true, "/a%3Bx%2F../b": true, "/a;b/c%2Fd": false,
+		"/a%2F;b": false, "/a;b%252F": false, "/a;b/?c=%2F": false, "http://h/a;%2F": true, "/a;b": false,
+	} {
+		if got := ParamSlash([]byte(uri)); got != want {
+			t.Errorf("ParamSlash(%q) = %v, want %v", uri, got, want)
+		}
+	}
 	for _, s := range []string{"keep", "strip"} {
 		if p, ok := ParsePathParams(s); !ok || p.String() != s {
 			t.Errorf("ParsePathParams(%q) = %v, %v", s, p, ok)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,7 +194,7 @@ func TestHTTP2(t *testing.T) {
 	})
 	t.Run("openresty.conf", func(t *testing.T) {
 		nx, addr := start(t, "h2lua", "openresty.conf")
-		for i := range 3 {
+		for i := range 12 {
 			if status, _ := h2Get(t, addr, "/user/feed", "X-User: dave", "X-Plan: h2lua"); status != 500 {
 				t.Fatalf("request %d over HTTP/2: %d, want 500 (refused)", i+1, status)
 			}
@@ -201,9 +202,10 @@ func TestHTTP2(t *testing.T) {
 		if status, _ := h2Get(t, addr, "/user/feed", "X-User: dave", "X-Plan: h2lua\x0b"); status != 400 {
 			t.Errorf("a control byte over HTTP/2: %d, want the module's 400", status)
 		}
-		log := procs.FileTail(nx.errorLog(), 20)
-		if !strings.Contains(log, "rategate: cannot ask rategate in an HTTP/2 request") || strings.Contains(log, "stack traceback") {
-			t.Errorf("the error log does not say why (or has a Lua stack trace):\n%s", log)
+		log := procs.FileTail(nx.errorLog(), 50)
+		// once a minute per worker (worker_processes auto: one a CPU)
+		if n := strings.Count(log, "rategate: cannot ask rategate in an HTTP/2 request"); n < 1 || n > runtime.NumCPU() || strings.Contains(log, "stack traceback") {
+			t.Errorf("the error log says why %d times for 12 requests (want once a minute per worker), or has a Lua stack trace:\n%s", n, log)
 		}
 		// rategate was not asked: HTTP/1 finds the plan's whole quota
 		for i, want := range []int{200, 200, 429} {
@@ -212,6 +214,15 @@ func TestHTTP2(t *testing.T) {
 			}
 		}
 		versions(t, nx, "h2lua")
+		// request lines NGINX refuses itself are logged without warnings
+		before := len(nx.accessLog(t))
+		for range 5 {
+			rawStatusLine(t, nx.base(), "GET /user/feed HTTP/01.1\r\nHost: x\r\n\r\n")
+		}
+		_ = nx.lastAccess(t, before+5) // written once the responses are out
+		if log := procs.FileTail(nx.errorLog(), 50); strings.Contains(log, "uninitialized") {
+			t.Errorf("malformed request lines wrote warnings:\n%s", log)
+		}
 	})
 }
 

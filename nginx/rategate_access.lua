@@ -147,6 +147,10 @@ local function has_control_byte()
     return false
 end
 
+-- h2_logged is when this worker last logged a refused HTTP/2 request,
+-- h2_refused how many it refused since.
+local h2_logged, h2_refused = 0, 0
+
 -- check decides the current request. location is the internal location that
 -- proxies to rategate's /auth; default "/_rategate".
 function _M.check(location)
@@ -159,13 +163,21 @@ function _M.check(location)
         return answer(400, "Bad Request: a request header holds a control byte.\n")
     end
     if http2() then
-        -- refused, never let through unasked: see the header of this file
+        -- refused, never let through unasked: see the header of this file.
+        -- One error-log line a minute per worker, with the count: a client
+        -- must not choose how fast the log grows.
         record(500, {})
-        ngx.log(ngx.ERR, "rategate: cannot ask rategate in an HTTP/",
-            ngx.req.http_version(), " request: lua-nginx-module refuses",
-            " ngx.location.capture there; serve HTTP/2 with the plain",
-            " variant (rategate.conf) or turn http2 off on this server",
-            " (docs/nginx.md)")
+        h2_refused = h2_refused + 1
+        local now = ngx.now()
+        if now - h2_logged >= 60 then
+            ngx.log(ngx.ERR, "rategate: cannot ask rategate in an HTTP/",
+                ngx.req.http_version(), " request: lua-nginx-module refuses",
+                " ngx.location.capture there; serve HTTP/2 with the plain",
+                " variant (rategate.conf) or turn http2 off on this server",
+                " (docs/nginx.md); ", h2_refused, " refused by this worker",
+                " since its last such line")
+            h2_logged, h2_refused = now, 0
+        end
         return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
     end
     local res = capture(location or "/_rategate", { copy_all_vars = true })

@@ -214,6 +214,11 @@ func TestHTTP2(t *testing.T) {
 			}
 		}
 		versions(t, nx, "h2lua")
+		// HTTP/0.9 has no headers, so none with a control byte (its
+		// answer has no status line: the first line is the body's)
+		if line := rawStatusLine(t, nx.base(), "GET /user/feed\r\n"); strings.Contains(line, "control byte") {
+			t.Errorf("HTTP/0.9: %q", line)
+		}
 		// request lines NGINX refuses itself are logged without warnings
 		before := len(nx.accessLog(t))
 		for range 5 {

@@ -129,6 +129,11 @@ end
 -- while the application gets the byte itself and may trim it ("k"); without
 -- Lua, NGINX passes the byte on and rategate refuses the request.
 local function has_control_byte()
+    local v = ngx.req.http_version()
+    if v and v < 1 then
+        -- HTTP/0.9 has no headers (and raw_header returns no head of them)
+        return false
+    end
     if not http2() then
         local ok, raw = pcall(raw_header)
         if ok then

@@ -83,8 +83,8 @@ func NormalizeRoute(dst, uri []byte) []byte {
 	return KeepPathParams.Normalize(dst, uri)
 }
 
-// PathParams says what a route makes of path parameters: a literal ';' and
-// what follows it up to the next literal '/' (identity.path_parameters).
+// PathParams says what a route makes of path parameters: a ';' and what
+// follows it in its segment (identity.path_parameters).
 type PathParams uint8
 
 const (

@@ -117,8 +117,8 @@ end
 
 -- http2 reports whether the request came over HTTP/2 or later.
 -- ngx.req.http_version() is nil for an HTTP/1 minor version it does not
--- know ("GET / HTTP/1.9", which NGINX accepts): that is HTTP/1 too, as
--- /_rategate_h2's $server_protocol test has it.
+-- know ("GET / HTTP/1.9", which NGINX accepts and serves as HTTP/1.x):
+-- that is HTTP/1 too.
 local function http2()
     return (ngx.req.http_version() or 1) >= 2
 end
@@ -186,7 +186,8 @@ function _M.check(location)
         return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
     end
     local res = capture(location or "/_rategate", { copy_all_vars = true })
-    local status, header, body = res.status, lower(res.header), res.body
+    local status = res.status
+    local header = lower(res.header)
     copy(HEADERS, header)
     record(status, header)
 
@@ -211,7 +212,7 @@ function _M.check(location)
         return answer(503, UNAVAILABLE)
     end
     ngx.log(ngx.ERR, "rategate answered unexpected status ", status, ": ",
-        (body or ""):sub(1, 200))
+        (res.body or ""):sub(1, 200))
     return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
 end
 

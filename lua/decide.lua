@@ -155,48 +155,67 @@ local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
   for j = i, n do
     local s = shapes[j]
     local algo, key, hio = s[7], KEYS[k0 + j - 1], nil
+    local took = false
     if held and held[j] then
       -- read into io when the call first needs it, here, after the checks
       -- before it ran (as the decision alone would: a check before may
       -- rewrite its record, and this read may fail)
       hio = io
-      if io[key] == nil then io[key] = redis.call('GET', key) end
-    end
-    -- true: write at once; "count": at once if only a count changes
-    local mode = ok and (j == n or (not hio and rg_careful == 0 and bit <= rg_maxbit and 'count'))
-    local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, s[2], s[3], s[4], s[6], mode, hio)
-    if a ~= 1 then
-      reply[o], reply[o + 1], reply[o + 2] = -rem - 1, reset, retry
-      o = o + 3
-      if not s[5] then ok = false end
-    elseif not w1 then
-      reply[o], reply[o + 1] = rem, reset
-      o = o + 2
-      if mode == 'count' and s[6] > 0 then wrote = wrote + bit end
-    else
-      -- handed back: while every check so far allowed, the checks after it
-      -- decide (this call, calling itself) whether it is written
-      local at, rec = o, ok
-      o = o + 2
-      if ok then
-        local rest, after = rg_chain(KEYS, k0, j + 1, n, now, shapes, reply, o, true, io, held)
-        if rest == nil then return nil, after end
-        ok, o = rest, after
-        if ok then s[8](key, now, s[2], s[3], s[4], w1, w2, w3, w4, hio) end
-      end
-      -- a check that allowed stays allowed (its place in the reply was
-      -- taken for two values): in a denied request it reports its quota
-      -- as a zero-cost look would
-      if not ok then
-        if lrem then
-          rem, reset = lrem, lreset
-        else
-          local _
-          _, rem, reset = algo(key, now, s[2], s[3], s[4], 0, false, hio)
+      local r = io[key]
+      if r == nil then
+        io[key] = redis.call('GET', key)
+      elseif ok and j == n and rg_quick[key] == r then
+        -- the last check, written at once: its record's shortcut admits
+        -- it (records.lua's rg_take, written out: a call costs a turn)
+        local limit, cost = s[2], s[6]
+        if r.p == s[3] and cost > 0 and r.b + r[2] + cost <= limit then
+          local c = r[2] + cost
+          r[2], rg_written[key] = c, true
+          local rem = math.floor(limit - (r.b + c))
+          if rem < 0 then rem = 0 end
+          reply[o], reply[o + 1] = rem, r.z
+          o = o + 2
+          took = true
         end
       end
-      reply[at], reply[at + 1] = rem, reset
-      if rec then break end
+    end
+    if not took then
+      -- true: write at once; "count": at once if only a count changes
+      local mode = ok and (j == n or (not hio and rg_careful == 0 and bit <= rg_maxbit and 'count'))
+      local a, rem, reset, retry, w1, w2, w3, w4, lrem, lreset = algo(key, now, s[2], s[3], s[4], s[6], mode, hio)
+      if a ~= 1 then
+        reply[o], reply[o + 1], reply[o + 2] = -rem - 1, reset, retry
+        o = o + 3
+        if not s[5] then ok = false end
+      elseif not w1 then
+        reply[o], reply[o + 1] = rem, reset
+        o = o + 2
+        if mode == 'count' and s[6] > 0 then wrote = wrote + bit end
+      else
+        -- handed back: while every check so far allowed, the checks after it
+        -- decide (this call, calling itself) whether it is written
+        local at, rec = o, ok
+        o = o + 2
+        if ok then
+          local rest, after = rg_chain(KEYS, k0, j + 1, n, now, shapes, reply, o, true, io, held)
+          if rest == nil then return nil, after end
+          ok, o = rest, after
+          if ok then s[8](key, now, s[2], s[3], s[4], w1, w2, w3, w4, hio) end
+        end
+        -- a check that allowed stays allowed (its place in the reply was
+        -- taken for two values): in a denied request it reports its quota
+        -- as a zero-cost look would
+        if not ok then
+          if lrem then
+            rem, reset = lrem, lreset
+          else
+            local _
+            _, rem, reset = algo(key, now, s[2], s[3], s[4], 0, false, hio)
+          end
+        end
+        reply[at], reply[at + 1] = rem, reset
+        if rec then break end
+      end
     end
     bit = bit * 2
   end

@@ -74,9 +74,17 @@ end
 -- remaining, reset, retry; io (the call's held records) when the call
 -- holds the key, loaded on first use.
 local function dm_one(key, now, s, io)
-  local f = s[7]
-  if io and io[key] == nil then io[key] = redis.call('GET', key) end
-  return f(key, now, s[2], s[3], s[4], s[6], true, io)
+  if io then
+    local r = io[key]
+    if r == nil then
+      io[key] = redis.call('GET', key)
+    elseif r then
+      -- the record's shortcut, if any (records.lua)
+      local rem, reset = rg_take(key, r, s[2], s[3], s[6])
+      if rem then return 1, rem, reset, 0 end
+    end
+  end
+  return s[7](key, now, s[2], s[3], s[4], s[6], true, io)
 end
 
 -- dm_decode reads a decision's value x (see the header) against the
@@ -200,7 +208,7 @@ if held then
   for _, d in pairs(decs) do
     if d[4] then held = false end
   end
-  if held then io, rg_written, rg_expiry = {}, {}, {} end
+  if held then io, rg_written, rg_expiry, rg_quick = {}, {}, {}, {} end
 end
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -276,5 +284,6 @@ end
 for i = p, hi do
   out[i] = nil
 end
+rg_quick = nil
 if io then dm_flush(io) end
 return out

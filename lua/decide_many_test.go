@@ -219,7 +219,84 @@ func inSpace(space string) func(string) string {
 func TestDecideManyMatchesOneByOne(t *testing.T) {
 	client, lib := withLibrary(t)
 	for _, way := range manyWays(client, lib) {
-		t.Run(way.name, func(t *testing.T) { matchOneByOne(t, client, lib, way) })
+		t.Run(way.name, func(t *testing.T) { matchOneByOne(t, client, lib, way, everyAlgorithm) })
+	}
+}
+
+// TestDecideManyHotKeysMatchOneByOne is the same comparison for calls
+// where a few keys take most decisions (a route's or the whole API's rule,
+// with many users'), which records.lua's shortcut admits after a call's
+// first decision on them: fixed_window and sliding_window held keys, alone
+// and last after unheld checks, limits that a call runs through, two limits
+// and two periods on one key, costs of 0 to 3, and shadows.
+func TestDecideManyHotKeysMatchOneByOne(t *testing.T) {
+	client, lib := withLibrary(t)
+	for _, way := range manyWays(client, lib) {
+		t.Run(way.name, func(t *testing.T) { matchOneByOne(t, client, lib, way, hotKeys) })
+	}
+}
+
+// TestShortcutsFollowTheNumbers: a held record's shortcut (records.lua)
+// admits only what the algorithm would at the same numbers: a decision on
+// the same key under another limit or period, a cost of 0, a shadow, the
+// limit running out and the decisions after a denial are decided as the
+// algorithm decides them, decision for decision as one Decide each.
+func TestShortcutsFollowTheNumbers(t *testing.T) {
+	client, lib := withLibrary(t)
+	const p = mixPeriod
+	// limit, period, cost, shadow of each decision on the one key
+	steps := [][4]int64{
+		{20, p, 1, 0}, {20, p, 1, 0}, {20, p, 2, 0}, // a shortcut from the first
+		{20, 2 * p, 1, 0}, {20, 2 * p, 1, 0}, {20, p, 1, 0}, // another period, and back
+		{18, p, 1, 0}, {20, p, 1, 0}, {20, p, 0, 0}, {20, p, 1, 1}, // another limit, a look, a shadow
+		{20, p, 5, 0}, {20, p, 5, 0}, {20, p, 5, 0}, {20, p, 1, 0}, {20, p, 1, 0}, // to the limit and past it
+	}
+	for _, way := range manyWays(client, lib) {
+		for _, algo := range []string{"fixed_window", "sliding_window"} {
+			t.Run(way.name+"/"+algo, func(t *testing.T) {
+				ms, os := "ms"+way.name+algo, "os"+way.name+algo
+				// user >= 0: after that user's check (a key no other
+				// decision of the call names)
+				decision := func(hot string, st [4]int64, user int) manyDecision {
+					var checks [][5]int64
+					var keys []string
+					if user >= 0 {
+						checks = append(checks, [5]int64{int64(Code(algo)), 1000, p, 0, 1})
+						keys = append(keys, fmt.Sprint("user", user))
+					}
+					checks = append(checks, [5]int64{int64(Code(algo)), st[0], st[1], 0, st[2]})
+					keys = append(keys, hot)
+					argv := decideArgv(0, checks...)
+					argv[len(argv)-1] = st[3]
+					return manyDecision{keys, argv}
+				}
+				// a record to start from, then the steps alone (dm_one)
+				// and after a user's check (rg_chain), twice over, each
+				// round on a key of its own (the steps run past the limit)
+				var names []string
+				for round := range 4 {
+					hot := fmt.Sprint("hot", round)
+					names = append(names, hot)
+					ds := []manyDecision{decision(hot, steps[0], -1), decision(hot, steps[0], -1)}
+					compareCall(t, client, lib, way, ms, os, ds)
+					ds = ds[:0]
+					for i, st := range steps {
+						user := -1
+						if round%2 == 1 {
+							user = i
+						}
+						ds = append(ds, decision(hot, st, user))
+					}
+					if held := compareCall(t, client, lib, way, ms, os, ds); held < len(steps) {
+						t.Fatalf("%d checks on held keys, want %d", held, len(steps))
+					}
+				}
+				for i := range steps {
+					names = append(names, fmt.Sprint("user", i))
+				}
+				compareKeys(t, client, ms, os, names)
+			})
+		}
 	}
 }
 
@@ -238,25 +315,34 @@ func manyWays(client *redis.Client, lib FunctionLibrary) []manyWay {
 	}
 }
 
-// matchOneByOne is TestDecideManyMatchesOneByOne's comparison, with the
-// batches sent way's way (in key spaces of its own).
-func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way manyWay) {
-	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(1, 2))
-	ms, os := "m"+way.name, "o"+way.name
-	now := time.Now().UnixMicro()
-	period := int64(10_000_000)
-	decision := func(at int64) manyDecision {
+// A decisionMix makes the decisions matchOneByOne compares: decision
+// returns one at instant at (0: the Redis clock), keys names every key they
+// may use (their state is compared at the end), and a call holds 1 to
+// size decisions.
+type decisionMix struct {
+	decision func(rng *rand.Rand, at int64) manyDecision
+	keys     []string
+	size     int
+}
+
+const mixPeriod = int64(10_000_000)
+
+// everyAlgorithm: a third of the decisions check all five algorithms
+// (keys all0..all4), the rest one algorithm on one of two keys of its own;
+// limits of 5 or 7, costs of 0 to 2, a quarter with the last check a
+// shadow.
+var everyAlgorithm = decisionMix{
+	decision: func(rng *rand.Rand, at int64) manyDecision {
 		var checks [][5]int64
 		var keys []string
 		if rng.IntN(3) == 0 {
 			for i := range algorithmFiles {
-				checks = append(checks, [5]int64{int64(i + 1), 5 + 2*int64(rng.IntN(2)), period, 3, int64(rng.IntN(3))})
+				checks = append(checks, [5]int64{int64(i + 1), 5 + 2*int64(rng.IntN(2)), mixPeriod, 3, int64(rng.IntN(3))})
 				keys = append(keys, fmt.Sprintf("all%d", i))
 			}
 		} else {
 			i := rng.IntN(len(algorithmFiles))
-			checks = append(checks, [5]int64{int64(i + 1), 5 + 2*int64(rng.IntN(2)), period, 3, int64(rng.IntN(3))})
+			checks = append(checks, [5]int64{int64(i + 1), 5 + 2*int64(rng.IntN(2)), mixPeriod, 3, int64(rng.IntN(3))})
 			keys = append(keys, fmt.Sprintf("%s%d", algorithmFiles[i].fn, rng.IntN(2)))
 		}
 		argv := decideArgv(at, checks...)
@@ -264,49 +350,129 @@ func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way 
 			argv[len(argv)-1] = 1 // the last check is a shadow
 		}
 		return manyDecision{keys, argv}
-	}
+	},
+	keys: func() []string {
+		var names []string
+		for i, a := range algorithmFiles {
+			names = append(names, fmt.Sprintf("all%d", i), a.fn+"0", a.fn+"1")
+		}
+		return names
+	}(),
+	size: 12,
+}
+
+// hotKeys: each decision checks one of two hot keys (hot0, hot1: both
+// fixed_window or both sliding_window) alone, or after a user's key
+// (user0..user9, the same algorithm or gcra); a hot key's limit is 40 or
+// 44 and its period mostly mixPeriod, now and then twice it (a rule
+// changed under the live key); costs of 0 to 3, a tenth with the hot check
+// a shadow.
+var hotKeys = decisionMix{
+	decision: func(rng *rand.Rand, at int64) manyDecision {
+		code := int64(Code("fixed_window"))
+		if rng.IntN(2) == 0 {
+			code = int64(Code("sliding_window"))
+		}
+		period := mixPeriod
+		if rng.IntN(4) == 0 {
+			period *= 2
+		}
+		hot := [5]int64{code, 100 + 10*int64(rng.IntN(2)), period, 0, int64(rng.IntN(4))}
+		var checks [][5]int64
+		var keys []string
+		if rng.IntN(3) > 0 {
+			user := [5]int64{code, 6, mixPeriod, 3, int64(1 + rng.IntN(2))}
+			if rng.IntN(4) == 0 {
+				user[0] = int64(Code("gcra"))
+			}
+			checks = append(checks, user)
+			keys = append(keys, fmt.Sprintf("user%d-%d", rng.IntN(10), user[0]))
+		}
+		checks = append(checks, hot)
+		keys = append(keys, fmt.Sprintf("hot%d-%d", rng.IntN(2), code))
+		argv := decideArgv(at, checks...)
+		if rng.IntN(10) == 0 {
+			argv[len(argv)-1] = 1
+		}
+		return manyDecision{keys, argv}
+	},
+	keys: func() []string {
+		var names []string
+		for _, a := range []string{"fixed_window", "sliding_window", "gcra"} {
+			c := Code(a)
+			names = append(names, fmt.Sprintf("hot0-%d", c), fmt.Sprintf("hot1-%d", c))
+			for u := range 10 {
+				names = append(names, fmt.Sprintf("user%d-%d", u, c))
+			}
+		}
+		return names
+	}(),
+	size: 30,
+}
+
+// matchOneByOne is the comparison of TestDecideManyMatchesOneByOne, with
+// mix's decisions sent way's way (in key spaces of its own).
+func matchOneByOne(t *testing.T, client *redis.Client, lib FunctionLibrary, way manyWay, mix decisionMix) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ms, os := "m"+way.name, "o"+way.name
+	now := time.Now().UnixMicro()
 	decided, held := 0, 0
 	for call := 0; call < 80; call++ {
 		var ds []manyDecision
-		for range 1 + rng.IntN(12) {
+		for range 1 + rng.IntN(mix.size) {
 			at := now + int64(call)*400_000 + int64(rng.IntN(1000))
 			if call%2 == 1 || rng.IntN(3) == 0 {
 				// the Redis clock; a call whose decisions are all on it
 				// holds the keys several of them name
 				at = 0
 			}
-			ds = append(ds, decision(at))
+			ds = append(ds, mix.decision(rng, at))
 		}
-		keys, args := manyArgs(inSpace(ms), ds)
-		held += heldChecks(args)
-		got := splitMany(t, way.call(keys, args), entriesOf(ds))
-		for i, d := range ds {
-			k, _ := manyArgs(inSpace(os), []manyDecision{d})
-			argv := d.argv
-			if argv[0] == int64(0) {
-				// decided on the Redis clock: replayed at the instant it
-				// reports
-				r, ok := got[i].([]any)
-				if !ok {
-					t.Fatalf("call %d, decision %d: DecideMany answered %v", call, i, got[i])
-				}
-				argv = append([]any{r[1]}, argv[1:]...)
-			}
-			want, err := client.FCall(ctx, lib.Decide, k, argv...).Result()
-			if err != nil || !reflect.DeepEqual(got[i], want) {
-				t.Fatalf("call %d, decision %d (%v %v): DecideMany %v, Decide %v (%v)", call, i, d.keys, d.argv, got[i], want, err)
-			}
-			decided++
-		}
+		held += compareCall(t, client, lib, way, ms, os, ds)
+		decided += len(ds)
 	}
 	if decided < 200 || held < 100 {
 		t.Fatalf("only %d decisions compared, %d checks on held keys", decided, held)
 	}
 	t.Logf("%d decisions compared, %d checks on held keys", decided, held)
-	names := []string{}
-	for i, a := range algorithmFiles {
-		names = append(names, fmt.Sprintf("all%d", i), a.fn+"0", a.fn+"1")
+	compareKeys(t, client, ms, os, mix.keys)
+}
+
+// compareCall sends ds as one DecideMany call way's way, with keys in
+// space ms, then each as one FCALL of Decide in the same order, with keys
+// in space os (a decision on the Redis clock at the instant DecideMany
+// reports), and fails unless they answer the same. It returns the number
+// of checks on keys the call held.
+func compareCall(t *testing.T, client *redis.Client, lib FunctionLibrary, way manyWay, ms, os string, ds []manyDecision) int {
+	t.Helper()
+	ctx := context.Background()
+	keys, args := manyArgs(inSpace(ms), ds)
+	got := splitMany(t, way.call(keys, args), entriesOf(ds))
+	for i, d := range ds {
+		k, _ := manyArgs(inSpace(os), []manyDecision{d})
+		argv := d.argv
+		if argv[0] == int64(0) {
+			// decided on the Redis clock: replayed at the instant it
+			// reports
+			r, ok := got[i].([]any)
+			if !ok {
+				t.Fatalf("decision %d: DecideMany answered %v", i, got[i])
+			}
+			argv = append([]any{r[1]}, argv[1:]...)
+		}
+		want, err := client.FCall(ctx, lib.Decide, k, argv...).Result()
+		if err != nil || !reflect.DeepEqual(got[i], want) {
+			t.Fatalf("decision %d (%v %v): DecideMany %v, Decide %v (%v)", i, d.keys, d.argv, got[i], want, err)
+		}
 	}
+	return heldChecks(args)
+}
+
+// compareKeys fails unless each of names holds the same record and about
+// the same expiry in key spaces ms and os.
+func compareKeys(t *testing.T, client *redis.Client, ms, os string, names []string) {
+	t.Helper()
+	ctx := context.Background()
 	for _, n := range names {
 		km, ko := inSpace(ms)(n), inSpace(os)(n)
 		if m, o := testredis.KeyState(t, client, km), testredis.KeyState(t, client, ko); m != o {

@@ -80,7 +80,7 @@ local function fixed_window(key, now, limit, period, burst, cost, solo, io)
       if #v ~= 16 then error('rategate: ' .. key .. ' does not hold a fixed_window record') end
       e, count = struct.unpack('<dd', v)
       -- held: kept decoded for the call's other decisions
-      if io then io[key] = {e, count} end
+      if io then r = {e, count}; io[key] = r end
     end
     if e <= now then
       e, count = nil, 0
@@ -91,6 +91,9 @@ local function fixed_window(key, now, limit, period, burst, cost, solo, io)
     end
   end
   local reset = (e or we) - now
+  -- held and in force: the call's further admissions add to the count
+  -- alone (records.lua; a record rewritten above is a new one)
+  if r and e then rg_shortcut(key, r, 0, period, reset) end
   if count + cost > limit then
     local retry = reset
     if cost > limit then retry = -1 end

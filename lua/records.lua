@@ -26,6 +26,45 @@
 
 local rg_written, rg_expiry
 
+-- rg_quick holds, during a call that holds keys (nil otherwise), the held
+-- records that carry a shortcut. An algorithm whose admissions at the
+-- call's instant only add their cost to the record's count (r[2]), allowed
+-- while base + count + cost <= limit (fixed_window: base 0; sliding_window:
+-- the previous window's weighted count, which the instant fixes), leaves in
+-- the decoded record r the base (r.b), the period it decided under (r.p)
+-- and the reset an admission reports (r.z), and sets rg_quick[key] = r.
+-- The call's later decisions on that key under the same period are then
+-- admitted by rg_take in a few steps instead of a turn of the algorithm:
+-- callgrind, one held sliding_window key, 19,800 → 17,700 instructions
+-- per decision. A denial, a cost of 0, another period or a record the call
+-- has since rewritten (io[key] is no longer r) go the algorithm's way. (The
+-- limit needs no check: neither the base nor the reset depends on it.)
+local rg_quick
+
+-- rg_take admits cost on key's held record r by its shortcut and returns
+-- the remaining and reset the algorithm would report, or nil when the
+-- shortcut does not apply and the algorithm decides. (decide.lua's
+-- rg_chain has it written out.)
+local function rg_take(key, r, limit, period, cost)
+  if rg_quick[key] ~= r or r.p ~= period or cost <= 0 then return nil end
+  -- the algorithms' verdict and remaining, operation for operation
+  if r.b + r[2] + cost > limit then return nil end
+  local c = r[2] + cost
+  r[2], rg_written[key] = c, true
+  local rem = math.floor(limit - (r.b + c))
+  if rem < 0 then rem = 0 end
+  return rem, r.z
+end
+
+-- rg_shortcut gives key's held record r a shortcut (rg_quick) in a call
+-- that holds keys.
+local function rg_shortcut(key, r, base, period, reset)
+  if rg_quick and rg_quick[key] ~= r then
+    r.b, r.p, r.z = base, period, reset
+    rg_quick[key] = r
+  end
+end
+
 -- rg_formats packs a decoded record of n numbers back into its string.
 local rg_formats = {[2] = '<dd', [4] = '<dddd', [5] = '<ddddd'}
 

@@ -176,6 +176,8 @@ local function sliding_window(key, now, limit, period, burst, cost, solo, io)
     -- then x + curr before and after the cost (the same doubles)
     local x = sp * (1 - elapsed / period)
     local est = x + sc
+    -- held: the call's further admissions add to c alone (records.lua)
+    if r then rg_shortcut(key, r, x, period, we + period - now) end
     if est + cost > limit then
       return sw_denied(sp, sc, we, ws, we, elapsed, now, period, limit, cost, est)
     end

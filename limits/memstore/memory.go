@@ -49,9 +49,25 @@ const DefaultMaxKeys = 1_000_000
 // evictSample is how many keys a full shard looks at for one to drop.
 const evictSample = 8
 
+// logPerKey is how many entries of a sliding_log key's log weigh as much
+// as one more key: 8 entries of 24 bytes, with the room a log's array keeps
+// for entries dropped from its front and appended at its end, are about
+// what a key costs the store (some 450 bytes).
+const logPerKey = 8
+
+// weight is what st counts against SetMaxKeys: 1, and 1 more for every
+// logPerKey entries its log has room for (a log of 10,000 entries, the
+// most a rule takes, about 1,250 to 2,500).
+func weight(st *state) int64 {
+	return 1 + int64(cap(st.log))/logPerKey
+}
+
 type memShard struct {
 	mu sync.Mutex
 	m  map[string]*state
+	// units is what the keys of m weigh together (weight): what SetMaxKeys
+	// bounds.
+	units int64
 	// kept are the keys of the operation holding mu, which making room
 	// for another of its keys must not drop (keep); it empties them
 	// before it unlocks.
@@ -80,11 +96,14 @@ func NewSweeping(sweep time.Duration) *Store {
 }
 
 // SetMaxKeys bounds the keys the store keeps to about n (at least one per
-// shard; a reload may change it). A new key in a full shard takes the place
-// of the key that expires first among a few (an expired one if the janitor
-// has not swept it yet), as NGINX's limit_req zone drops its oldest state:
-// that identity's counter starts again, so set n above the identities a
-// period sees (Evictions counts the live keys dropped).
+// shard; a reload may change it), a sliding_log key counting once more for
+// every logPerKey entries its log has room for (weight). A new key in a
+// full shard, or a log that grows past it, takes the place of the key that
+// expires first among a few (an expired one if the janitor has not swept it
+// yet), as NGINX's limit_req zone drops its oldest state: that identity's
+// counter starts again, so set n above the identities a period sees
+// (Evictions counts the live keys dropped). One key alone may weigh more
+// than its shard's share: it is then the only key its shard keeps.
 func (s *Store) SetMaxKeys(n int) {
 	s.perShard.Store(max(int64(n+memShards-1)/memShards, 1))
 }
@@ -165,7 +184,7 @@ func (s *Store) sweep(now int64) {
 		sh.mu.Lock()
 		for k, st := range sh.m {
 			if st.expireUS <= now {
-				delete(sh.m, k)
+				sh.drop(k, st)
 			}
 		}
 		sh.mu.Unlock()
@@ -261,21 +280,35 @@ func (s *Store) load(key string, now int64) state {
 	return *st
 }
 
-// put stores st under key; a zero state deletes the key.
+// put stores st under key; a zero state deletes the key. Where the shard
+// would then weigh more than SetMaxKeys allows, other keys make room.
 func (s *Store) put(key string, st state) {
 	sh := &s.shards[s.shardOf(key)]
+	p := sh.m[key]
 	if st.expireUS == 0 {
-		delete(sh.m, key)
+		if p != nil {
+			sh.drop(key, p)
+		}
 		return
 	}
-	if p := sh.m[key]; p != nil {
+	w := weight(&st)
+	if p != nil {
+		w -= weight(p)
+	}
+	for max := s.perShard.Load(); w > 0 && sh.units+w > max && s.makeRoom(sh, key); {
+	}
+	sh.units += w
+	if p != nil {
 		*p = st
 		return
 	}
-	if int64(len(sh.m)) >= s.perShard.Load() {
-		s.makeRoom(sh)
-	}
 	sh.m[key] = &st
+}
+
+// drop deletes key, whose state is st, from sh (its lock held).
+func (sh *memShard) drop(key string, st *state) {
+	delete(sh.m, key)
+	sh.units -= weight(st)
 }
 
 // keep marks key, in sh whose lock the caller holds, as not to be dropped
@@ -284,31 +317,34 @@ func (s *Store) put(key string, st state) {
 // the next.
 func (sh *memShard) keep(key string) { sh.kept = append(sh.kept, key) }
 
-// makeRoom drops one key of the full shard sh (its lock held): of a few
-// keys it looks at (map order is random), the one that expires first, an
-// expired one if there is one. A lease record is never dropped while it
-// lives (it accounts for slices instances hold; without it more would be
-// handed out): a sample of lease records only lets the shard grow by one.
-func (s *Store) makeRoom(sh *memShard) {
+// makeRoom drops one key of the full shard sh (its lock held) other than
+// except, and reports whether it found one: of a few keys it looks at (map
+// order is random), the one that expires first, an expired one if there is
+// one. A lease record is never dropped while it lives (it accounts for
+// slices instances hold; without it more would be handed out): a sample of
+// lease records only lets the shard grow.
+func (s *Store) makeRoom(sh *memShard, except string) bool {
 	now := s.now()
 	var victim string
-	var soonest int64
+	var vs *state
 	seen := 0
 	for k, st := range sh.m {
-		if (st.lease == nil || st.expireUS <= now) && (victim == "" || st.expireUS < soonest) && !slices.Contains(sh.kept, k) {
-			victim, soonest = k, st.expireUS
+		if (st.lease == nil || st.expireUS <= now) && (vs == nil || st.expireUS < vs.expireUS) && k != except &&
+			!slices.Contains(sh.kept, k) {
+			victim, vs = k, st
 		}
 		if seen++; seen == evictSample {
 			break
 		}
 	}
-	if victim == "" {
-		return
+	if vs == nil {
+		return false
 	}
-	delete(sh.m, victim)
-	if soonest > now {
+	sh.drop(victim, vs)
+	if vs.expireUS > now {
 		s.evicted.Add(1)
 	}
+	return true
 }
 
 func (s *Store) peekLocked(c *limits.Check, now int64) limits.Result {
@@ -341,7 +377,9 @@ func (s *Store) PeekAt(c limits.Check, nowUS int64) (limits.Result, error) {
 func (s *Store) Reset(_ context.Context, c limits.Check) error {
 	sh := &s.shards[s.shardOf(c.Key)]
 	sh.mu.Lock()
-	delete(sh.m, c.Key)
+	if st := sh.m[c.Key]; st != nil {
+		sh.drop(c.Key, st)
+	}
 	sh.mu.Unlock()
 	return nil
 }

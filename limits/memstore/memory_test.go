@@ -93,6 +93,7 @@ func TestMaxKeysBounds(t *testing.T) {
 	now := s.now()
 	sh.m[same[0]] = &state{expireUS: now + time.Hour.Microseconds()}
 	sh.m[same[1]] = &state{expireUS: now - 1}
+	sh.units = 2 // what the two weigh
 	sh.mu.Unlock()
 	before := s.Evictions()
 	if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{check(same[2], time.Hour)}}, r[:]); err != nil {
@@ -122,6 +123,7 @@ func TestMaxKeysBounds(t *testing.T) {
 	clear(sh.m)
 	sh.m[more[0]] = &state{expireUS: now + time.Minute.Microseconds(), lease: []memSlice{{}}}
 	sh.m[more[1]] = &state{expireUS: now + time.Hour.Microseconds()}
+	sh.units = 2
 	sh.mu.Unlock()
 	if _, err := s.Decide(ctx, &limits.Batch{Checks: []limits.Check{check(more[2], time.Hour)}}, r[:]); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,115 @@
+package memstore
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+)
+
+// TestMaxKeysBoundsSlidingLogMemory: memory_max_keys bounds what the
+// memory store keeps, sliding_log keys' logs included. A sliding_log key
+// holds one entry per admitted request, up to its limit, so a client that
+// spends one key's quota after another (a route or header value each) grew
+// the store by the entries while the key count stayed under the bound:
+// with the defaults, up to 1e6 keys of 10,000 entries. A log now weighs a
+// key for every logPerKey entries it has room for, and a store of 400 logs
+// of 500 entries (160,000 admitted requests) under a bound of 2,560 stays
+// within the bound's memory (about 450 B a key; 1 KiB allowed).
+func TestMaxKeysBoundsSlidingLogMemory(t *testing.T) {
+	s := New()
+	defer s.Close()
+	const bound = memShards * 40
+	s.SetMaxKeys(bound)
+	const keys, limit = 400, 500
+	ctx := context.Background()
+	var r [1]limits.Result
+	now := time.Now().UnixMicro()
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	admitted := 0
+	for i := range keys {
+		c := limits.Check{Key: "rg:{per-route:/r" + strconv.Itoa(i) + "}:sl", Algorithm: limits.SlidingLog, Limit: limit,
+			PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
+		for j := range limit {
+			b := limits.Batch{Checks: []limits.Check{c}, NowUS: now + int64(j)}
+			ok, err := s.Decide(ctx, &b, r[:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				admitted++
+			}
+		}
+	}
+	grew := int64(heap()) - int64(before)
+	t.Logf("%d keys kept, %d evicted, %d admitted requests: heap grew %.2f MiB (%.0f B per key of the bound)",
+		s.Len(), s.Evictions(), admitted, float64(grew)/(1<<20), float64(grew)/bound)
+	if admitted != keys*limit {
+		t.Fatalf("%d admitted, want %d: each key's quota is spent once", admitted, keys*limit)
+	}
+	if grew > bound<<10 {
+		t.Fatalf("heap grew %d B (%d B per key of the bound of %d): the logs are not counted against memory_max_keys",
+			grew, grew/bound, bound)
+	}
+	if s.Evictions() == 0 {
+		t.Fatal("no key was evicted: the logs weigh nothing against the bound")
+	}
+	var units int64
+	for i := range s.shards {
+		units += s.shards[i].units
+	}
+	if units > bound+memShards*(1+limit/logPerKey*2) {
+		t.Fatalf("the shards weigh %d, bound %d", units, bound)
+	}
+}
+
+// TestUnitsFollowTheKeys: what the shards weigh is what their keys weigh,
+// through admissions, resets, sweeps and evictions.
+func TestUnitsFollowTheKeys(t *testing.T) {
+	s := New()
+	defer s.Close()
+	s.SetMaxKeys(memShards * 4)
+	ctx := context.Background()
+	now := time.Now().UnixMicro()
+	var r [2]limits.Result
+	for i := range 300 {
+		log := limits.Check{Key: "log" + strconv.Itoa(i%40), Algorithm: limits.SlidingLog, Limit: 30,
+			PeriodUS: 1_000_000, Burst: 30, Cost: 1}
+		fw := limits.Check{Key: "fw" + strconv.Itoa(i), Algorithm: limits.FixedWindow, Limit: 5, PeriodUS: 1_000_000, Cost: 1}
+		b := limits.Batch{Checks: []limits.Check{log, fw}, NowUS: now + int64(i)*10_000}
+		if _, err := s.Decide(ctx, &b, r[:]); err != nil {
+			t.Fatal(err)
+		}
+		if i%7 == 0 {
+			if err := s.Reset(ctx, log); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%50 == 0 {
+			s.sweep(now + int64(i)*10_000)
+		}
+		for j := range s.shards {
+			sh := &s.shards[j]
+			var w int64
+			for _, st := range sh.m {
+				w += weight(st)
+			}
+			if w != sh.units {
+				t.Fatalf("step %d, shard %d: units %d, its keys weigh %d", i, j, sh.units, w)
+			}
+		}
+	}
+	if s.Evictions() == 0 {
+		t.Fatal("no eviction: the bound was never reached")
+	}
+}

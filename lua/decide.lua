@@ -168,7 +168,7 @@ local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
         -- the last check, written at once: its record's shortcut admits
         -- it (records.lua's rg_take, written out: a call costs a turn)
         local limit, cost = s[2], s[6]
-        if r.p == s[3] and cost > 0 and r.b + r[2] + cost <= limit then
+        if r.p == s[3] and cost > 0 and r[2] > 0 and r.b + r[2] + cost <= limit then
           local c = r[2] + cost
           r[2], rg_written[key] = c, true
           local rem = math.floor(limit - (r.b + c))

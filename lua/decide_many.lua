@@ -204,6 +204,7 @@ if k - 1 ~= #KEYS or a - 1 ~= #ARGV then
   return redis.error_reply('rategate: decide_many keys or arguments do not match its decisions')
 end
 local io = nil
+rg_quick = nil
 if held then
   for _, d in pairs(decs) do
     if d[4] then held = false end

@@ -91,9 +91,11 @@ local function fixed_window(key, now, limit, period, burst, cost, solo, io)
     end
   end
   local reset = (e or we) - now
-  -- held and in force: the call's further admissions add to the count
-  -- alone (records.lua; a record rewritten above is a new one)
-  if r and e then rg_shortcut(key, r, 0, period, reset) end
+  -- held, in force, and ending where it is in force (not a record of a
+  -- shorter period that this window has yet to take over: a look rewrites
+  -- nothing, and the first admission must move its end and expiry): the
+  -- call's further admissions add to the count alone (records.lua)
+  if r and e and e == r[1] then rg_shortcut(key, r, 0, period, reset) end
   if count + cost > limit then
     local retry = reset
     if cost > limit then retry = -1 end

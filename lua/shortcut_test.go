@@ -9,6 +9,71 @@ import (
 	"github.com/rategate/rategate/internal/testredis"
 )
 
+// TestShortcutsFollowTheNumbers: a held record's shortcut (records.lua)
+// admits only what the algorithm would at the same numbers: a decision on
+// the same key under another limit or period, a cost of 0, a shadow, the
+// limit running out and the decisions after a denial are decided as the
+// algorithm decides them, decision for decision as one Decide each.
+func TestShortcutsFollowTheNumbers(t *testing.T) {
+	client, lib := withLibrary(t)
+	const p = mixPeriod
+	// limit, period, cost, shadow of each decision on the one key
+	steps := [][4]int64{
+		{20, p, 1, 0}, {20, p, 1, 0}, {20, p, 2, 0}, // a shortcut from the first
+		{20, p, -10, 0}, {20, p, 1, 0}, {20, p, 1, 0}, // a count taken below 0 (by hand: rategate sends no negative cost)
+		{20, 2 * p, 1, 0}, {20, 2 * p, 1, 0}, {20, p, 1, 0}, // another period, and back
+		{18, p, 1, 0}, {20, p, 1, 0}, {20, p, 0, 0}, {20, p, 1, 1}, // another limit, a look, a shadow
+		{20, p, 5, 0}, {20, p, 5, 0}, {20, p, 5, 0}, {20, p, 1, 0}, {20, p, 1, 0}, // to the limit and past it
+	}
+	for _, way := range manyWays(client, lib) {
+		for _, algo := range []string{"fixed_window", "sliding_window"} {
+			t.Run(way.name+"/"+algo, func(t *testing.T) {
+				ms, os := "ms"+way.name+algo, "os"+way.name+algo
+				// user >= 0: after that user's check (a key no other
+				// decision of the call names)
+				decision := func(hot string, st [4]int64, user int) manyDecision {
+					var checks [][5]int64
+					var keys []string
+					if user >= 0 {
+						checks = append(checks, [5]int64{int64(Code(algo)), 1000, p, 0, 1})
+						keys = append(keys, fmt.Sprint("user", user))
+					}
+					checks = append(checks, [5]int64{int64(Code(algo)), st[0], st[1], 0, st[2]})
+					keys = append(keys, hot)
+					argv := decideArgv(0, checks...)
+					argv[len(argv)-1] = st[3]
+					return manyDecision{keys, argv}
+				}
+				// a record to start from, then the steps alone (dm_one)
+				// and after a user's check (rg_chain), twice over, each
+				// round on a key of its own (the steps run past the limit)
+				var names []string
+				for round := range 4 {
+					hot := fmt.Sprint("hot", round)
+					names = append(names, hot)
+					ds := []manyDecision{decision(hot, steps[0], -1), decision(hot, steps[0], -1)}
+					compareCall(t, client, lib, way, ms, os, ds)
+					ds = ds[:0]
+					for i, st := range steps {
+						user := -1
+						if round%2 == 1 {
+							user = i
+						}
+						ds = append(ds, decision(hot, st, user))
+					}
+					if held := compareCall(t, client, lib, way, ms, os, ds); held < len(steps) {
+						t.Fatalf("%d checks on held keys, want %d", held, len(steps))
+					}
+				}
+				for i := range steps {
+					names = append(names, fmt.Sprint("user", i))
+				}
+				compareKeys(t, client, ms, os, names)
+			})
+		}
+	}
+}
+
 // TestShortcutAfterLookOnShorterPeriodRecord: a held fixed_window record
 // counted under a shorter period (e < we: in force to the end of this
 // window, fixed_window.lua) whose first decision in a call is a look (cost
@@ -29,7 +94,7 @@ func TestShortcutAfterLookOnShorterPeriodRecord(t *testing.T) {
 				// start in a short window's first half (its record must
 				// be in force for the second call) and clear of an hour's
 				// end (e < we)
-				for {
+				for try := 0; ; try++ {
 					tm, err := client.Time(ctx).Result()
 					if err != nil {
 						t.Fatal(err)
@@ -37,6 +102,9 @@ func TestShortcutAfterLookOnShorterPeriodRecord(t *testing.T) {
 					us := tm.UnixMicro()
 					if us%short < short/2 && us%long < long-10*short {
 						break
+					}
+					if try == 500 {
+						t.Fatal("no instant in a short window's first half within 5 s")
 					}
 					time.Sleep(10 * time.Millisecond)
 				}

@@ -1,0 +1,70 @@
+package limits_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
+)
+
+// TestDenyCacheRetryIsTheLatestDenial: a request two rules deny may retry
+// when both have room again. The store's answer names the rule whose quota
+// returns last (Denier); a cached answer must not name an earlier one. A
+// client that waits for the cached Retry-After, and nothing else touches
+// its keys, must then be admitted.
+func TestDenyCacheRetryIsTheLatestDenial(t *testing.T) {
+	short := dcFixed(1, 10*time.Second)
+	short.Name = "short"
+	long := dcFixed(2, time.Minute)
+	long.Name = "long"
+	l, _ := dcLimiter(t, 100, short, long)
+	start := storetest.WindowStart(time.Minute)
+	dcWant(t, "first", dcAsk(t, l, "u", 1, start+1), true, false)
+	dcWant(t, "second, next short window", dcAsk(t, l, "u", 1, start+10_000_000), true, false)
+	now := start + 11_000_000
+	d := dcAsk(t, l, "u", 1, now)
+	dcWant(t, "third (store)", d, false, false)
+	if got := d.Verdicts[d.Denier].Rule.Name; got != "long" {
+		t.Fatalf("store denier %q, want long", got)
+	}
+	storeRetry := d.Verdicts[d.Denier].Result.RetryUS
+
+	now += 1_000_000
+	d = dcAsk(t, l, "u", 1, now)
+	dcWant(t, "fourth (cached)", d, false, true)
+	v := d.Verdicts[d.Denier]
+	retry := v.Result.RetryUS
+	t.Logf("store said retry in %dµs (rule long); the cached answer 1s later says %dµs (rule %s)", storeRetry, retry, v.Rule.Name)
+	// What the client is told: Retry-After, whole seconds rounded up.
+	after := (retry + 999_999) / 1_000_000
+	d = dcAsk(t, l, "u", 1, now+after*1_000_000)
+	if !d.Admitted {
+		t.Fatalf("a client that obeyed the cached Retry-After: %ds (rule %q) is refused at that time by rule %q (retry %dµs more)",
+			after, v.Rule.Name, d.Verdicts[d.Denier].Rule.Name, d.Verdicts[d.Denier].Result.RetryUS)
+	}
+}
+
+// TestDenyCacheRetryOfALargerCost: a denial cached for cost 1 also denies
+// cost 5 (a larger cost never fits earlier), but cost 5 fits later than
+// cost 1 on a bucket: the cached answer must not tell the cost-5 request
+// cost 1's retry time. A client that waits for the Retry-After it was given
+// must then be admitted.
+func TestDenyCacheRetryOfALargerCost(t *testing.T) {
+	tb := &limits.Rule{Name: "tb", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.TokenBucket,
+		Limit: 1, Period: time.Second, Burst: 5, Cost: 1}
+	l, _ := dcLimiter(t, 100, tb)
+	now := storetest.WindowStart(time.Minute) + 1
+	dcWant(t, "cost 5, the whole bucket", dcAsk(t, l, "u", 5, now), true, false)
+	dcWant(t, "cost 1 (store)", dcAsk(t, l, "u", 1, now), false, false)
+	d := dcAsk(t, l, "u", 5, now)
+	dcWant(t, "cost 5 (cached)", d, false, true)
+	retry := d.Verdicts[d.Denier].Result.RetryUS
+	after := (retry + 999_999) / 1_000_000
+	t.Logf("cached answer to cost 5: Retry-After %ds", after)
+	d = dcAsk(t, l, "u", 5, now+after*1_000_000)
+	if !d.Admitted {
+		t.Fatalf("a cost-5 client that obeyed the cached Retry-After: %ds is refused then (retry %dµs more)",
+			after, d.Verdicts[d.Denier].Result.RetryUS)
+	}
+}

@@ -263,8 +263,11 @@ func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, boo
 		ok = false
 	}
 	sh.mu.Unlock()
-	// A smaller cost may fit before until: the store decides it.
-	if !ok || e.rule != r || e.cost > cost {
+	// A smaller cost may fit before until: the store decides it. A larger
+	// one fits no earlier, but may fit later, except in a fixed window
+	// (every cost that can fit fits when the window ends): elsewhere the
+	// store decides it too, so that its Retry-After is the store's word.
+	if !ok || e.rule != r || e.cost > cost || (e.cost < cost && r.Algorithm != FixedWindow) {
 		return denyEntry{}, false
 	}
 	return e, true

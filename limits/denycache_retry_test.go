@@ -46,25 +46,34 @@ func TestDenyCacheRetryIsTheLatestDenial(t *testing.T) {
 }
 
 // TestDenyCacheRetryOfALargerCost: a denial cached for cost 1 also denies
-// cost 5 (a larger cost never fits earlier), but cost 5 fits later than
-// cost 1 on a bucket: the cached answer must not tell the cost-5 request
-// cost 1's retry time. A client that waits for the Retry-After it was given
-// must then be admitted.
+// cost 5 (a larger cost never fits earlier), but on a bucket cost 5 fits
+// later than cost 1: the cache must not tell it cost 1's retry time. The
+// store answers it then; in a fixed window, where every cost that can fit
+// fits when the window ends, the cache answers it with the same retry. A
+// client that waits for the Retry-After it was given is then admitted.
 func TestDenyCacheRetryOfALargerCost(t *testing.T) {
 	tb := &limits.Rule{Name: "tb", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.TokenBucket,
 		Limit: 1, Period: time.Second, Burst: 5, Cost: 1}
-	l, _ := dcLimiter(t, 100, tb)
-	now := storetest.WindowStart(time.Minute) + 1
-	dcWant(t, "cost 5, the whole bucket", dcAsk(t, l, "u", 5, now), true, false)
-	dcWant(t, "cost 1 (store)", dcAsk(t, l, "u", 1, now), false, false)
-	d := dcAsk(t, l, "u", 5, now)
-	dcWant(t, "cost 5 (cached)", d, false, true)
-	retry := d.Verdicts[d.Denier].Result.RetryUS
-	after := (retry + 999_999) / 1_000_000
-	t.Logf("cached answer to cost 5: Retry-After %ds", after)
-	d = dcAsk(t, l, "u", 5, now+after*1_000_000)
-	if !d.Admitted {
-		t.Fatalf("a cost-5 client that obeyed the cached Retry-After: %ds is refused then (retry %dµs more)",
-			after, d.Verdicts[d.Denier].Result.RetryUS)
+	fw := dcFixed(5, 10*time.Second)
+	for _, c := range []struct {
+		rule   *limits.Rule
+		cached bool // cost 5 answered by the cache
+	}{{tb, false}, {fw, true}} {
+		t.Run(string(c.rule.Algorithm), func(t *testing.T) {
+			l, _ := dcLimiter(t, 100, c.rule)
+			now := storetest.WindowStart(time.Minute) + 1
+			dcWant(t, "cost 5, the whole quota", dcAsk(t, l, "u", 5, now), true, false)
+			dcWant(t, "cost 1 (store)", dcAsk(t, l, "u", 1, now+1), false, false)
+			d := dcAsk(t, l, "u", 5, now+2)
+			dcWant(t, "cost 5", d, false, c.cached)
+			retry := d.Verdicts[d.Denier].Result.RetryUS
+			after := (retry + 999_999) / 1_000_000
+			t.Logf("cost 5 (cached %v): Retry-After %ds", d.Cached, after)
+			d = dcAsk(t, l, "u", 5, now+2+after*1_000_000)
+			if !d.Admitted {
+				t.Fatalf("a cost-5 client that obeyed Retry-After: %ds is refused then (retry %dµs more)",
+					after, d.Verdicts[d.Denier].Result.RetryUS)
+			}
+		})
 	}
 }

@@ -209,11 +209,14 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 			if d.Admitted || d.Denier < 0 || d.Denier >= len(d.Verdicts) || d.Verdicts[d.Denier].Rule.Shadow || d.Verdicts[d.Denier].Result.Allowed {
 				fail("malformed cached decision %+v", d)
 			}
-			// Every matching rule is listed (the headers name them all),
-			// the others as allowing: they were not asked.
+			// Every matching rule is listed (the headers name them all):
+			// the others as allowing (they were not asked), or as cached
+			// denials of their own whose quota returns no later than the
+			// denier's (the answer names the latest, as the store's does).
 			for i, v := range d.Verdicts {
-				if i != d.Denier && !v.Result.Allowed {
-					fail("cached decision: rule %q not the denier but not allowing: %+v", v.Rule.Name, d)
+				if i != d.Denier && !v.Result.Allowed &&
+					(v.Rule.Shadow || v.Result.RetryUS == 0 || limits.RetryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS)) {
+					fail("cached decision: rule %q not the denier, not allowing, and not an earlier cached denial: %+v", v.Rule.Name, d)
 				}
 			}
 			cv := d.Verdicts[d.Denier]

@@ -86,3 +86,6 @@ func (h LeaseEntry) GiveBack(cost int64, ep uint64, now int64) { h.e.giveBack(co
 
 // Avail is the units the entry may spend.
 func (h LeaseEntry) Avail() int64 { return h.e.avail.Load() }
+
+// RetryLater is retryLater.
+var RetryLater = retryLater

@@ -928,37 +928,3 @@ func TestLeaseGiveBackOfTheLastUnit(t *testing.T) {
 		})
 	}
 }
-
-// TestLeaseDenialRetryCoversOtherRules: a request a leased rule denies for
-// 9 s while an unleased rule of the same request would deny it for 49 s
-// must not be told to retry in 9 s: a client that waits for Retry-After,
-// with nothing else touching its keys, must then be admitted.
-func TestLeaseDenialRetryCoversOtherRules(t *testing.T) {
-	short := leasedRule("short", limits.FixedWindow, 1, 10*time.Second, limits.KeyPart{Kind: limits.KeyUser})
-	long := &limits.Rule{Name: "long", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.FixedWindow,
-		Limit: 2, Period: time.Minute, Burst: 2, Cost: 1}
-	g := newLeaseRig(t, 1, limits.LeaseOptions{}, short, long)
-	start := g.now // a minute boundary
-	g.now = start + 1
-	if d := g.decide(0, "u", 1); !d.Admitted {
-		t.Fatalf("first: denied %+v", d.Verdicts)
-	}
-	g.now = start + 10_000_000
-	if d := g.decide(0, "u", 1); !d.Admitted {
-		t.Fatalf("second, next short window: denied %+v", d.Verdicts)
-	}
-	g.now = start + 11_000_000
-	d := g.decide(0, "u", 1)
-	if d.Admitted || d.Denier < 0 {
-		t.Fatalf("third: admitted %+v", d.Verdicts)
-	}
-	v := d.Verdicts[d.Denier]
-	after := (v.Result.RetryUS + 999_999) / 1_000_000
-	t.Logf("third: denied by %q, Retry-After %ds", v.Rule.Name, after)
-	g.now += after * 1_000_000
-	d = g.decide(0, "u", 1)
-	if !d.Admitted {
-		t.Fatalf("a client that obeyed Retry-After: %ds (rule %q) is refused then by rule %q (retry %dµs more)",
-			after, v.Rule.Name, d.Verdicts[d.Denier].Rule.Name, d.Verdicts[d.Denier].Result.RetryUS)
-	}
-}

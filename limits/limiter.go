@@ -407,10 +407,16 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 			}
 		}
 		leased := r.Lease && l.leases != nil
-		if probe && cached < 0 && !r.Shadow && !leased {
+		if probe && !r.Shadow && !leased {
+			// Every rule's cached denial is looked up: the answer names the
+			// one whose quota returns last, as the store's does (a client
+			// that waits for its Retry-After is not refused by another).
 			if e, ok := dc.lookup(d.keyBuf, r, cost, clock); ok {
-				cached, hit = len(d.Verdicts), e
-				d.Verdicts = append(d.Verdicts, e.verdict(r, cost, clock))
+				v := e.verdict(r, cost, clock)
+				if cached < 0 || retryLater(v.Result.RetryUS, d.Verdicts[cached].Result.RetryUS) {
+					cached, hit = len(d.Verdicts), e
+				}
+				d.Verdicts = append(d.Verdicts, v)
 				continue
 			}
 		}
@@ -548,16 +554,20 @@ func (l *Limiter) down(err error) bool {
 }
 
 // cachedDenial completes d for a request the deny cache denied through
-// Verdicts[i] (entry e): the other matching rules were not asked (a denied
-// request consumes nothing anywhere), and are reported from what e saw of
-// them when the store denied.
+// Verdicts[i] (entry e, the cached denial whose retry is latest): the
+// other matching rules were not asked (a denied request consumes nothing
+// anywhere); those with a cached denial of their own report it, the rest
+// what e saw of them when the store denied.
 func cachedDenial(d *Decision, i int, e *denyEntry, clock int64) {
 	d.Admitted = false
 	d.Cached = true
 	d.Denier = i
 	for j := range d.Verdicts {
-		if j != i && d.Verdicts[j].Rule.Identity != IdentityBlock {
-			d.Verdicts[j].Result = e.lastSeen(d.Verdicts[j].Rule, clock)
+		// A verdict left for the store has a zero Result; a cached
+		// denial's retry is never 0 (putDecision caches none such).
+		v := &d.Verdicts[j]
+		if j != i && v.Rule.Identity != IdentityBlock && v.Result.RetryUS == 0 {
+			v.Result = e.lastSeen(v.Rule, clock)
 		}
 	}
 }

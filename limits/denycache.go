@@ -252,8 +252,11 @@ func (c *DenyCache) clockAt(nowUS int64, now time.Time) int64 {
 }
 
 // lookup returns the entry that denies a request of rule r with the given
-// cost on key at now. It does not allocate.
-func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, bool) {
+// cost on key at now (hit), or reports that key holds a live denial of r
+// that cannot answer this cost (mute): the store must then decide the
+// whole request, or the answer could name another rule and a retry
+// earlier than this one's. It does not allocate.
+func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (e denyEntry, hit, mute bool) {
 	sh := c.shard(maphash.Bytes(c.seed, key))
 	sh.mu.Lock()
 	e, ok := sh.m[string(key)]
@@ -263,14 +266,17 @@ func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (denyEntry, boo
 		ok = false
 	}
 	sh.mu.Unlock()
+	if !ok || e.rule != r {
+		return denyEntry{}, false, false
+	}
 	// A smaller cost may fit before until: the store decides it. A larger
 	// one fits no earlier, but may fit later, except in a fixed window
 	// (every cost that can fit fits when the window ends): elsewhere the
 	// store decides it too, so that its Retry-After is the store's word.
-	if !ok || e.rule != r || e.cost > cost || (e.cost < cost && r.Algorithm != FixedWindow) {
-		return denyEntry{}, false
+	if e.cost > cost || (e.cost < cost && r.Algorithm != FixedWindow) {
+		return denyEntry{}, false, true
 	}
-	return e, true
+	return e, true, false
 }
 
 // putDecision caches every non-shadow denial of d, a decision the store

@@ -63,7 +63,7 @@ func (l *Limiter) LeaseSlices(key string, r *Rule, now int64) (windows []int64, 
 // Holds reports whether the cache holds a denial of key for r and cost at
 // nowUS.
 func (c *DenyCache) Holds(key string, r *Rule, cost, nowUS int64) bool {
-	_, hit := c.lookup([]byte(key), r, cost, nowUS)
+	_, hit, _ := c.lookup([]byte(key), r, cost, nowUS)
 	return hit
 }
 

@@ -370,6 +370,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		}
 	}
 	cached, blocked := -1, -1
+	mute := false // a rule's cached denial cannot answer: the store decides
 	var hit denyEntry
 	wall := nowUS // identity overrides end on the wall clock (read on first need)
 	for _, r := range rules {
@@ -411,12 +412,17 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 			// Every rule's cached denial is looked up: the answer names the
 			// one whose quota returns last, as the store's does (a client
 			// that waits for its Retry-After is not refused by another).
-			if e, ok := dc.lookup(d.keyBuf, r, cost, clock); ok {
+			// Its check is still added, for the store to decide the
+			// request when some rule's denial cannot answer it.
+			e, ok, m := dc.lookup(d.keyBuf, r, cost, clock)
+			mute = mute || m
+			if ok {
 				v := e.verdict(r, cost, clock)
 				if cached < 0 || retryLater(v.Result.RetryUS, d.Verdicts[cached].Result.RetryUS) {
 					cached, hit = len(d.Verdicts), e
 				}
 				d.Verdicts = append(d.Verdicts, v)
+				d.batch.Checks = append(d.batch.Checks, r.Check(e.key, cost))
 				continue
 			}
 		}
@@ -432,9 +438,17 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		blockedDenial(d, blocked)
 		return nil
 	}
-	if cached >= 0 {
+	if cached >= 0 && !mute {
 		cachedDenial(d, cached, &hit, clock)
 		return nil
+	}
+	if cached >= 0 {
+		// the store decides: the cached verdicts' results go
+		for i := range d.Verdicts {
+			if d.Verdicts[i].Rule.Identity != IdentityBlock {
+				d.Verdicts[i].Result = Result{}
+			}
+		}
 	}
 	if len(d.batch.Checks) == 0 {
 		return nil

@@ -29,7 +29,9 @@ type state struct {
 	// whole tokens then [tokens]; c, d, e = the limit, period and burst it
 	// was written under [l, p, b].
 	a, b, c, d, e int64
-	// sliding_log: the admitted requests of the last period, oldest first.
+	// sliding_log: the admitted requests of the last period, oldest first;
+	// a = the capacity of the array behind log, from its first element
+	// (log may start inside it: keepLog).
 	log []logEntry
 	// a lease record (memlease.go): the slices not yet ended.
 	lease []memSlice

@@ -88,12 +88,37 @@ func slidingLog(st *state, now int64, c *limits.Check, solo bool) outcome {
 	}
 	reset := at + c.PeriodUS - now
 	entry := logEntry{at: at, cost: c.Cost, k: lastk + c.Cost}
-	next := state{expireUS: at + c.PeriodUS, log: []logEntry{entry}}
+	next := state{expireUS: at + c.PeriodUS, log: []logEntry{entry}, a: 1}
 	if len(live) > 0 {
-		next.log = append(log[min(i, slTrim):], entry)
+		next.log, next.a = keepLog(log[min(i, slTrim):], st.a, entry)
 	}
 	r := limits.Result{Allowed: true, Remaining: c.Limit - used - c.Cost, ResetUS: reset}
 	return outcome{r: r, next: next, commit: true, normalized: norm}
+}
+
+// keepLog returns kept with entry appended, and the capacity of the array
+// behind it, from its first element (state.a of a sliding_log): kept
+// starts inside an array of capacity full, the entries before it dropped
+// (reslicing leaves them in the array). When most of that array lies
+// unused (its capacity at least 4 times the entries, and past 64), the
+// entries move to an array of twice their number: the store weighs a log
+// by its array (weight), and an array kept whole behind a few live entries
+// is memory the bound would not see. A move copies the entries once per
+// three quarters of the array dropped: O(1) per admission.
+func keepLog(kept []logEntry, full int64, entry logEntry) ([]logEntry, int64) {
+	n := int64(len(kept)) + 1
+	if full >= 4*n && full > 64 {
+		fresh := make([]logEntry, len(kept), 2*n)
+		copy(fresh, kept)
+		kept = fresh
+		full = int64(cap(fresh))
+	}
+	next := append(kept, entry)
+	if cap(next) != cap(kept) {
+		// a new array, which next starts
+		full = int64(cap(next))
+	}
+	return next, max(full, int64(cap(next)))
 }
 
 func init() { algos[limits.SlidingLog] = slidingLog }

@@ -49,17 +49,20 @@ const DefaultMaxKeys = 1_000_000
 // evictSample is how many keys a full shard looks at for one to drop.
 const evictSample = 8
 
-// logPerKey is how many entries of a sliding_log key's log weigh as much
-// as one more key: 8 entries of 24 bytes, with the room a log's array keeps
-// for entries dropped from its front and appended at its end, are about
-// what a key costs the store (some 450 bytes).
+// logPerKey is how many entries of a sliding_log key's log array weigh as
+// much as one more key: 8 entries of 24 bytes, about what a key costs the
+// store (some 450 bytes with its map entry and state, measured).
 const logPerKey = 8
 
-// weight is what st counts against SetMaxKeys: 1, and 1 more for every
-// logPerKey entries its log has room for (a log of 10,000 entries, the
-// most a rule takes, about 1,250 to 2,500).
+// weight is what st counts against SetMaxKeys: 1, and for a sliding_log
+// key 1 more for every logPerKey entries of the array behind its log
+// (state.a: the entries it dropped from the front included; a full log of
+// 10,000 entries, the most a rule takes, about 1,500).
 func weight(st *state) int64 {
-	return 1 + int64(cap(st.log))/logPerKey
+	if st.log == nil {
+		return 1
+	}
+	return 1 + max(int64(cap(st.log)), st.a)/logPerKey
 }
 
 type memShard struct {

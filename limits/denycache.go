@@ -282,7 +282,7 @@ func (c *DenyCache) lookup(key []byte, r *Rule, cost, now int64) (e denyEntry, h
 // putDecision caches every non-shadow denial of d, a decision the store
 // made that read generation gen and the cache clock now (before the store
 // call). exactClock says the cache clock is the store's own (tests).
-func (c *DenyCache) putDecision(gen uint64, d *Decision, now int64, exactClock bool) {
+func (c *DenyCache) putDecision(gen uint64, d *Decision, now, after int64, exactClock bool) {
 	if d.Admitted {
 		return
 	}
@@ -300,7 +300,7 @@ func (c *DenyCache) putDecision(gen uint64, d *Decision, now int64, exactClock b
 				others = append(others, seen{rule: d.Verdicts[j].Rule, result: d.Verdicts[j].Result})
 			}
 		}
-		c.put(gen, v, others, now, exactClock)
+		c.put(gen, v, others, now, after, exactClock)
 	}
 }
 
@@ -321,17 +321,21 @@ func (e *denyEntry) lastSeen(r *Rule, now int64) Result {
 }
 
 // put caches v, a non-shadow denial the store answered for a request whose
-// decision read generation gen and the cache clock now (before the store
-// call). exactClock says the cache clock is the store's own (tests).
-func (c *DenyCache) put(gen uint64, v *Verdict, others []seen, now int64, exactClock bool) {
+// decision read generation gen, the cache clock now before the store call
+// and after when it answered. The store decided between the two: the
+// denial holds until now + its retry at the latest (the cache never denies
+// past it), and what a cached answer reports (Retry-After, the reset) is
+// counted from after, never earlier than the store's word. exactClock
+// says the cache clock is the store's own (tests).
+func (c *DenyCache) put(gen uint64, v *Verdict, others []seen, now, after int64, exactClock bool) {
 	var until, retryAt int64
 	switch retry := v.Result.RetryUS; {
 	case retry == NeverFits:
 		until, retryAt = math.MaxInt64, math.MaxInt64
 	case retry > 0:
 		retryAt = math.MaxInt64
-		if retry <= math.MaxInt64-now {
-			retryAt = now + retry
+		if retry <= math.MaxInt64-after {
+			retryAt = after + retry
 		}
 		if !exactClock {
 			retry -= retry >> driftShift
@@ -350,9 +354,9 @@ func (c *DenyCache) put(gen uint64, v *Verdict, others []seen, now int64, exactC
 		cost:      v.Cost,
 		untilUS:   until,
 		retryAtUS: retryAt,
-		resetAtUS: now + max(v.Result.ResetUS, 0),
+		resetAtUS: after + max(v.Result.ResetUS, 0),
 		remaining: v.Result.Remaining,
-		at:        now,
+		at:        after,
 		others:    others,
 	}
 	sh := c.shard(maphash.String(c.seed, v.Key))

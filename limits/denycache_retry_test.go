@@ -1,10 +1,12 @@
 package limits_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/memstore"
 	"github.com/rategate/rategate/limits/storetest"
 )
 
@@ -75,5 +77,55 @@ func TestDenyCacheRetryOfALargerCost(t *testing.T) {
 					after, d.Verdicts[d.Denier].Result.RetryUS)
 			}
 		})
+	}
+}
+
+// slowStore is a memory store that answers d after it is asked, deciding
+// at the end of the wait: a Redis a round trip away.
+type slowStore struct {
+	*memstore.Store
+	d time.Duration
+}
+
+func (s slowStore) Decide(ctx context.Context, b *limits.Batch, res []limits.Result) (bool, error) {
+	time.Sleep(s.d)
+	return s.Store.Decide(ctx, b, res)
+}
+
+// TestDenyCacheRetryCountsFromTheAnswer: on the real clock, a store
+// decides some time after it is asked (a round trip, a queue), and its
+// retry counts from then. A cached answer's retry must not run out before
+// the store's does: counted from when the store answered, not from when
+// it was asked (it was 50 ms early here, enough to turn a Retry-After of
+// 2 s into 1 s when the store's wait was just over a second).
+func TestDenyCacheRetryCountsFromTheAnswer(t *testing.T) {
+	m := memstore.New()
+	t.Cleanup(func() { m.Close() })
+	const delay = 50 * time.Millisecond
+	l := limits.New(limits.Options{Store: slowStore{m, delay}, Prefix: "rg", Rules: []*limits.Rule{dcFixed(1, time.Hour)},
+		DenyCache: limits.NewDenyCache(100)})
+	var d limits.Decision
+	ask := func() time.Time {
+		t.Helper()
+		start := time.Now()
+		if err := l.Decide(context.Background(), &limits.Request{User: []byte("u")}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return start
+	}
+	ask()
+	asked := ask()
+	if d.Admitted || d.Cached {
+		t.Fatalf("second request: admitted=%v cached=%v, want the store's denial", d.Admitted, d.Cached)
+	}
+	// the store decided no sooner than delay after it was asked
+	due := asked.Add(delay + time.Duration(d.Verdicts[0].Result.RetryUS)*time.Microsecond)
+	at := ask()
+	if !d.Cached {
+		t.Fatal("third request not answered by the cache")
+	}
+	told := at.Add(time.Duration(d.Verdicts[0].Result.RetryUS) * time.Microsecond)
+	if early := due.Sub(told); early > time.Millisecond {
+		t.Fatalf("the cached retry runs out %v before the store's", early)
 	}
 }

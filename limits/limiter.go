@@ -495,7 +495,9 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 	}
 	if dc != nil && !d.Local {
 		// Only the shared store's word is cached, never the fallback's.
-		dc.putDecision(gen, d, clock, nowUS != 0)
+		if !d.Admitted {
+			dc.putDecision(gen, d, clock, dc.clock(nowUS), nowUS != 0)
+		}
 	}
 	return err
 }

@@ -57,10 +57,11 @@ http {
 // ordinary requests, then sends the absolute form with another Host
 // header: NGINX serves it from api.example's server, so it must be a 429.
 //
-// In the Lua variant it is not: the subrequest ngx.location.capture makes
-// computes $host from the client's Host header, so rategate counts the
+// In the Lua variant it was not: the subrequest ngx.location.capture makes
+// computes $host from the client's Host header, so rategate counted the
 // request for whichever host the client wrote there, and a rule on
-// api.example never sees it.
+// api.example never saw it (rategate_access.lua now sets the Host header
+// of such a request to the host NGINX serves before it asks).
 func TestAbsoluteFormHostIsTheServedHost(t *testing.T) {
 	m := startMini(t)
 	rg := m.rategate(t, "rategate", policy(429, "ah", "", `    - name: api-host

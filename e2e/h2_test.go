@@ -210,6 +210,14 @@ func TestHTTP2(t *testing.T) {
 		if line := rawStatusLine(t, nx.base(), "GET /user/feed\r\n"); strings.Contains(line, "control byte") {
 			t.Errorf("HTTP/0.9: %q", line)
 		}
+		// nor has an HTTP/1.0 request without any header line (whose raw
+		// head lua-nginx-module does not give as written): rategate is
+		// asked (the application then refuses it for its missing Host)
+		n := len(nx.accessLog(t))
+		line := rawStatusLine(t, nx.base(), "GET /user/feed HTTP/1.0\r\n\r\n")
+		if a := nx.lastAccess(t, n+1); a.upstream != "204" {
+			t.Errorf("HTTP/1.0 without headers: %q, rategate=%q: want rategate asked (204)", line, a.upstream)
+		}
 		// request lines NGINX refuses itself are logged without warnings
 		before := len(nx.accessLog(t))
 		for range 5 {

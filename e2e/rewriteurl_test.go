@@ -55,14 +55,14 @@ func (a *rewriteURLApp) last() string {
 }
 
 // TestClientRewriteURLHeaders: X-Original-URL and X-Rewrite-URL tell an
-// application which path to serve in place of the request line's, and the
-// shipped configs pass a client's own copies to the application (they clear
-// X-Original-URL only in the subrequest to rategate). rategate counts the
-// request line's path, so a client that has spent /admin's quota asks for
-// /public with X-Original-URL: /admin and is served /admin, uncounted.
-// NGINX must not hand the application a path other than the one rategate
-// counted: the shipped configs should clear both headers towards the
-// application, as they clear X-RateLimit-Status.
+// application which path to serve in place of the request line's. The
+// shipped configs passed a client's own copies to the application (they
+// cleared X-Original-URL only in the subrequest to rategate). rategate
+// counts the request line's path, so a client that had spent /admin's
+// quota asked for /public with X-Original-URL: /admin and was served
+// /admin, uncounted. NGINX must not hand the application a path other than
+// the one rategate counted: the shipped configs clear both headers towards
+// the application, as they clear X-RateLimit-Status.
 func TestClientRewriteURLHeaders(t *testing.T) {
 	m := startMini(t)
 	rg := m.rategate(t, "rategate", policy(429, "ru", "", `    - name: admin

@@ -136,11 +136,15 @@ local function has_control_byte()
     end
     if not http2() then
         local ok, raw = pcall(raw_header)
-        if ok then
-            return ngx.re.find(raw, CONTROL, "jo") ~= nil
+        if ok and not ngx.re.find(raw, CONTROL, "jo") then
+            return false
         end
+        -- a control byte in the raw head is confirmed in the parsed
+        -- headers: for a request without any header line (an HTTP/1.0
+        -- "GET / HTTP/1.0" and an empty line) raw_header does not return
+        -- the head as written
     end
-    -- no raw head (HTTP/2 and later): the parsed headers
+    -- no raw head (HTTP/2 and later), or one to confirm: the parsed headers
     for _, v in pairs(ngx.req.get_headers(0, true)) do
         if type(v) == "table" then
             v = table.concat(v, "\n")
@@ -150,6 +154,17 @@ local function has_control_byte()
         end
     end
     return false
+end
+
+-- absolute reports whether the request line's target is in absolute form
+-- ("GET http://api.example/x HTTP/1.1"; origin form starts with "/",
+-- asterisk form is "*"). NGINX then serves the request for the target's
+-- host whatever the Host header says, and $host is that host; but the
+-- subrequest ngx.location.capture makes takes its $host (X-Original-Host)
+-- from the Host header it copies, which the client chose.
+local function absolute()
+    local first = ngx.var.request:match("^%S+%s+(%S)")
+    return first ~= nil and first ~= "/" and first ~= "*"
 end
 
 -- h2_logged is when this worker last logged a refused HTTP/2 request,
@@ -184,6 +199,11 @@ function _M.check(location)
             h2_logged, h2_refused = now, 0
         end
         return ngx.exit(ngx.HTTP_INTERNAL_SERVER_ERROR)
+    end
+    if absolute() then
+        -- the Host a proxy must send for such a request (RFC 9112, 3.2.2),
+        -- and the one the subrequest's $host is then read from
+        ngx.req.set_header("Host", ngx.var.host)
     end
     local res = capture(location or "/_rategate", { copy_all_vars = true })
     local status = res.status

@@ -163,7 +163,8 @@ end
 -- subrequest ngx.location.capture makes takes its $host (X-Original-Host)
 -- from the Host header it copies, which the client chose.
 local function absolute()
-    local first = ngx.var.request:match("^%S+%s+(%S)")
+    local line = ngx.var.request
+    local first = line and line:match("^%S+%s+(%S)")
     return first ~= nil and first ~= "/" and first ~= "*"
 end
 

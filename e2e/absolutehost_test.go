@@ -13,18 +13,7 @@ import (
 // may match or key on the host: a default_server that refuses every host
 // it does not name, and the protected server named by server_name. SERVER
 // is the rategate snippet of the variant under test.
-const namedHostsConf = `LUA
-worker_processes 1;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 256; }
-http {
-    client_body_temp_path temp/client_body;
-    proxy_temp_path       temp/proxy;
-    fastcgi_temp_path     temp/fastcgi;
-    uwsgi_temp_path       temp/uwsgi;
-    scgi_temp_path        temp/scgi;
-    lua_package_path "$prefix/?.lua;;";
+const namedHostsConf = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;";
     include rategate-upstream.conf;
     include rategate-identity-demo.conf;
     access_log logs/access.log rategate;

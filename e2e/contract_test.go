@@ -192,13 +192,9 @@ func startAuthLayer(t *testing.T) *authLayer {
 	return a
 }
 
-// ---- 1. the route NGINX routes ------------------------------------------------
-
-// routesConf is a test config around the shipped snippets: one server per
-// way of proxying (Host: slash -> proxy_pass with a URI part, Host: raw ->
-// without), each with a location /admin, and the location tells the app
-// which one proxied.
-const routesConf = `worker_processes 1;
+// confHead opens the test configs: one worker, logs and temporary files
+// under the prefix, an http{} block left open.
+const confHead = `worker_processes 1;
 pid logs/nginx.pid;
 error_log logs/error.log warn;
 events { worker_connections 256; }
@@ -208,7 +204,24 @@ http {
     fastcgi_temp_path     temp/fastcgi;
     uwsgi_temp_path       temp/uwsgi;
     scgi_temp_path        temp/scgi;
-    include rategate-upstream.conf;
+`
+
+// adminRule is a policy's rules entry: /admin, 2 a day per client address.
+const adminRule = `    - name: admin
+      match: {path: /admin}
+      key: [ip]
+      algorithm: fixed_window
+      limit: 2
+      period: 24h
+`
+
+// ---- 1. the route NGINX routes ------------------------------------------------
+
+// routesConf is a test config around the shipped snippets: one server per
+// way of proxying (Host: slash -> proxy_pass with a URI part, Host: raw ->
+// without), each with a location /admin, and the location tells the app
+// which one proxied.
+const routesConf = confHead + `    include rategate-upstream.conf;
     include rategate-identity-demo.conf;
     access_log logs/access.log rategate;
     upstream app { server 127.0.0.1:8001; }
@@ -375,17 +388,7 @@ func TestRouteIsWhatNginxRoutes(t *testing.T) {
 // X-Auth-Request-Redirect; no X-Original-URI. Host "default" asks a rategate
 // with the default identity settings, Host "hardened" one that reads only
 // X-Original-URL (identity.uri_header: X-Original-URL).
-const ingressConf = `worker_processes 1;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 256; }
-http {
-    client_body_temp_path temp/client_body;
-    proxy_temp_path       temp/proxy;
-    fastcgi_temp_path     temp/fastcgi;
-    uwsgi_temp_path       temp/uwsgi;
-    scgi_temp_path        temp/scgi;
-    upstream app { server 127.0.0.1:8001; }
+const ingressConf = confHead + `    upstream app { server 127.0.0.1:8001; }
     map $host $auth_target { default http://DEFAULT/auth; hardened http://HARDENED/auth; }
     server {
         listen 8000;
@@ -833,13 +836,7 @@ func TestFailOpenIsMarked(t *testing.T) {
 // strip they spend /admin's quota, whatever parameters a client adds.
 func TestPathParametersThroughNginx(t *testing.T) {
 	m := startMini(t)
-	rg := m.rategate(t, "rategate", policy(429, "pp", "  path_parameters: strip\n", `    - name: admin
-      match: {path: /admin}
-      key: [ip]
-      algorithm: fixed_window
-      limit: 2
-      period: 24h
-`))
+	rg := m.rategate(t, "rategate", policy(429, "pp", "  path_parameters: strip\n", adminRule))
 	nx := startNginx(t, "pp", "nginx.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr})
 	needWindow(t, window, 30*time.Second)
 	for i, c := range []struct {

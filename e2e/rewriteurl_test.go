@@ -65,13 +65,7 @@ func (a *rewriteURLApp) last() string {
 // the application, as they clear X-RateLimit-Status.
 func TestClientRewriteURLHeaders(t *testing.T) {
 	m := startMini(t)
-	rg := m.rategate(t, "rategate", policy(429, "ru", "", `    - name: admin
-      match: {path: /admin}
-      key: [ip]
-      algorithm: fixed_window
-      limit: 2
-      period: 24h
-`))
+	rg := m.rategate(t, "rategate", policy(429, "ru", "", adminRule))
 	app := startRewriteURLApp(t)
 	needWindow(t, window, 30*time.Second)
 	for i, v := range []struct{ name, conf string }{

@@ -164,16 +164,12 @@ local function rg_chain(KEYS, k0, i, n, now, shapes, reply, o, before, io, held)
       local r = io[key]
       if r == nil then
         io[key] = redis.call('GET', key)
-      elseif ok and j == n and rg_quick[key] == r then
-        -- the last check, written at once: its record's shortcut admits
-        -- it (records.lua's rg_take, written out: a call costs a turn)
-        local limit, cost = s[2], s[6]
-        if r.p == s[3] and cost > 0 and r[2] > 0 and r.b + r[2] + cost <= limit then
-          local c = r[2] + cost
-          r[2], rg_written[key] = c, true
-          local rem = math.floor(limit - (r.b + c))
-          if rem < 0 then rem = 0 end
-          reply[o], reply[o + 1] = rem, r.z
+      elseif ok and j == n and r then
+        -- the last check, written at once: its record's shortcut, if any,
+        -- admits it (records.lua)
+        local rem, reset = rg_take(key, r, s[2], s[3], s[6])
+        if rem then
+          reply[o], reply[o + 1] = rem, reset
           o = o + 2
           took = true
         end

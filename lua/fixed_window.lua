@@ -95,7 +95,7 @@ local function fixed_window(key, now, limit, period, burst, cost, solo, io)
   -- shorter period that this window has yet to take over: a look rewrites
   -- nothing, and the first admission must move its end and expiry): the
   -- call's further admissions add to the count alone (records.lua)
-  if r and e and e == r[1] then rg_shortcut(key, r, 0, period, reset) end
+  if r and e == r[1] then rg_shortcut(key, r, 0, period, reset) end
   if count + cost > limit then
     local retry = reset
     if cost > limit then retry = -1 end

@@ -46,8 +46,7 @@ local rg_quick
 
 -- rg_take admits cost on key's held record r by its shortcut and returns
 -- the remaining and reset the algorithm would report, or nil when the
--- shortcut does not apply and the algorithm decides. (decide.lua's
--- rg_chain has it written out.)
+-- shortcut does not apply and the algorithm decides.
 local function rg_take(key, r, limit, period, cost)
   if rg_quick[key] ~= r or r.p ~= period or cost <= 0 or r[2] <= 0 then return nil end
   -- sliding_window's verdict and remaining, the same doubles in the same

@@ -62,7 +62,7 @@ func weight(st *state) int64 {
 	if st.log == nil {
 		return 1
 	}
-	return 1 + max(int64(cap(st.log)), st.a)/logPerKey
+	return 1 + st.a/logPerKey
 }
 
 type memShard struct {
@@ -100,7 +100,7 @@ func NewSweeping(sweep time.Duration) *Store {
 
 // SetMaxKeys bounds the keys the store keeps to about n (at least one per
 // shard; a reload may change it), a sliding_log key counting once more for
-// every logPerKey entries its log has room for (weight). A new key in a
+// every logPerKey entries of its log's array (weight). A new key in a
 // full shard, or a log that grows past it, takes the place of the key that
 // expires first among a few (an expired one if the janitor has not swept it
 // yet), as NGINX's limit_req zone drops its oldest state: that identity's
@@ -298,7 +298,11 @@ func (s *Store) put(key string, st state) {
 	if p != nil {
 		w -= weight(p)
 	}
-	for max := s.perShard.Load(); w > 0 && sh.units+w > max && s.makeRoom(sh, key); {
+	limit := s.perShard.Load()
+	for w > 0 && sh.units+w > limit {
+		if !s.makeRoom(sh, key) {
+			break // nothing else may go: the shard grows
+		}
 	}
 	sh.units += w
 	if p != nil {

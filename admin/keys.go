@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/policy"
 )
@@ -103,6 +104,13 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, pp l
 			}
 		case limits.KeyMethod:
 			if v, ok := need("method"); ok {
+				if !config.ValidMethod(string(v)) {
+					// "GET " or an empty value would be stored under an
+					// identity /auth never makes (it reads a trimmed
+					// method, and the request's own when the header is
+					// empty): an override that never applies
+					problems = append(problems, fmt.Sprintf("method: %q is not an HTTP method: no request has it", v))
+				}
 				req.Method = []byte(strings.ToUpper(string(v)))
 			}
 		case limits.KeyHost:

@@ -198,6 +198,7 @@ func compileExceptions(d *decoder, rr *rawRule, r *limits.Rule, id Identity) {
 		return
 	}
 	seen := map[string]int{}
+	var ranges []earlierRange
 	for i := range rr.Exceptions.V {
 		raw := &rr.Exceptions.V[i]
 		if raw.Bad {
@@ -219,11 +220,48 @@ func compileExceptions(d *decoder, rr *rawRule, r *limits.Rule, id Identity) {
 			continue
 		}
 		seen[ident] = i
+		if j := coveringRange(ranges, &ex); j >= 0 {
+			// Ranges apply in file order, the first that holds an
+			// address wins: this one would never apply.
+			at("%s lies inside exceptions[%d]'s %s, which comes first and so always applies instead; put the narrower range first",
+				ex.Range, ranges[j].at, ranges[j].ex.Range)
+			continue
+		}
 		if !compileAction(raw, &ex, r, ruleOK, at) {
 			continue
 		}
 		r.Exceptions = append(r.Exceptions, ex)
+		if ex.ID == "" {
+			ranges = append(ranges, earlierRange{i, ex})
+		}
 	}
+}
+
+// earlierRange is a range exception accepted before: at is its index in
+// the rule's exceptions.
+type earlierRange struct {
+	at int
+	ex limits.Exception
+}
+
+// coveringRange returns the index in earlier of a range exception that
+// holds every identity range exception ex holds (a wider or equal range,
+// the same values of the rule's other key parts), or -1.
+func coveringRange(earlier []earlierRange, ex *limits.Exception) int {
+	for j := range earlier {
+		w := &earlier[j].ex
+		if w.Range.Addr().Is4() != ex.Range.Addr().Is4() || w.Range.Bits() > ex.Range.Bits() || !w.Range.Contains(ex.Range.Addr()) {
+			continue
+		}
+		same := len(w.Parts) == len(ex.Parts)
+		for k := 0; same && k < len(w.Parts); k++ {
+			same = k == w.IP || w.Parts[k] == ex.Parts[k]
+		}
+		if same {
+			return j
+		}
+	}
+	return -1
 }
 
 // compileExceptionMatch turns an exception's match into its identity (or range).

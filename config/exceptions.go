@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"math/bits"
 	"net/netip"
 	"net/textproto"
 	"strconv"
@@ -519,10 +520,32 @@ func ExceptionRule(r *limits.Rule, ex *limits.Exception) (*limits.Rule, error) {
 			eff.Burst = eff.Limit
 		}
 	}
+	if r.Algorithm.UsesBurst() && ex.Burst == 0 && eff.Limit > 0 && eff.Period > 0 && eff.Burst > 0 {
+		// A burst the exception does not give, derived from the rule's,
+		// is held to what refills within the bound: a rule override
+		// raising the burst for everyone must not make a slow identity's
+		// derived burst out of bounds, or its override would stop
+		// applying and a lower limit fail open.
+		eff.Burst = min(eff.Burst, maxFillBurst(eff.Period, eff.Limit))
+	}
 	if err := CheckRule(&eff); err != nil {
 		return nil, err
 	}
 	return &eff, nil
+}
+
+// maxFillBurst is the largest burst that refills within maxSpan at limit
+// per period (checkFill), at least 1.
+func maxFillBurst(period time.Duration, limit int64) int64 {
+	hi, lo := bits.Mul64(uint64(maxSpan), uint64(limit))
+	if hi >= uint64(period) {
+		return math.MaxInt64 // every burst refills in time
+	}
+	q, _ := bits.Div64(hi, lo, uint64(period))
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(int64(q), 1)
 }
 
 // scaleExact returns floor(n * f), at least 1, computed exactly on the

@@ -1,0 +1,106 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
+)
+
+// TestProbeAskLateReplyIsRefunded: docs/failure.md ("At most one run per
+// decision") and docs/scaling.md say a decision whose caller gave up before
+// Redis answered is still waited for (the late grace), and a commit that
+// comes late is given back: the caller was answered without it (local
+// fallback), so it must not count. A decision that follows an ASK redirect
+// (a slot being migrated, a normal part of resharding) is sent by
+// askingEval on the caller's own context instead of through a coalescer:
+// when the target answers after the caller's deadline the reply is thrown
+// away, no refund runs, and the unit stays consumed for a request Redis
+// never answered (the caller got an error and was decided locally; if the
+// local fallback denied it, a denied request burnt quota).
+//
+// Here: a slot is mid-migration, the key lives on the target (ASK); the
+// target stalls (DEBUG SLEEP 0.4) just as a decision is sent; the caller
+// times out after 100 ms; the target then runs the script and commits.
+// Expected after the late grace: the key holds only the one admitted unit
+// (remaining 9 of 10). Got: 2 units (remaining 8).
+func TestProbeAskLateReplyIsRefunded(t *testing.T) {
+	c := testredis.StartCluster(t)
+	rs := openClusterStore(t, c)
+	ctx := testredis.Ctx(t)
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fw := limits.Check{Key: "rg:{asklate:a}:fw", Algorithm: limits.FixedWindow, Limit: 10, PeriodUS: limits.PeriodUS(time.Hour), Burst: 10, Cost: 1}
+	slot := KeySlot(fw.Key)
+	decide := func(timeout time.Duration) (bool, limits.Result, error) {
+		var res [1]limits.Result
+		dctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		a, err := rs.Decide(dctx, &limits.Batch{Checks: []limits.Check{fw}}, res[:])
+		return a, res[0], err
+	}
+	nodes, err := c.Topology()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := slotOwners(t, c)
+	var src, dst testredis.ClusterNode
+	for _, n := range nodes {
+		switch {
+		case !n.Primary || len(n.Slots) == 0:
+		case n.Addr == owner(slot):
+			src = n
+		case dst.ID == "":
+			dst = n
+		}
+	}
+	do := func(addr string, args ...any) {
+		t.Helper()
+		if _, err := c.Node(addr).Do(args...); err != nil {
+			t.Fatalf("%s %v: %v", addr, args, err)
+		}
+	}
+	do(dst.Addr, "CLUSTER", "SETSLOT", slot, "IMPORTING", src.ID)
+	do(src.Addr, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.ID)
+
+	// A new key in a migrating slot: ASK to the target, which creates it.
+	if a, r, err := decide(time.Second); err != nil || !a || r.Remaining != 9 {
+		t.Fatalf("first decision (ASK): %v %+v %v", a, r, err)
+	}
+
+	// The target stalls; the next decision (ASK again: the source lacks
+	// the key) is sent into the stall and its caller gives up.
+	target := c.Node(dst.Addr)
+	if err := target.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	stalled := make(chan error, 1)
+	go func() {
+		time.Sleep(400 * time.Millisecond)
+		stalled <- target.Thaw()
+	}()
+	start := time.Now()
+	a, r, err := decide(100 * time.Millisecond)
+	t.Logf("decision during the target's stall: admitted %v %+v err %v after %v", a, r, err, time.Since(start).Round(time.Millisecond))
+	if err == nil {
+		t.Skip("the decision was answered within its deadline: the stall did not catch it")
+	}
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	// Past the late grace (2 s) and a background refund.
+	time.Sleep(DefaultLateGrace + time.Second)
+	if a, r, err := decide(time.Second); err != nil {
+		t.Fatalf("look after the stall: %v %+v %v", a, r, err)
+	} else {
+		// This decision itself takes one unit: 10 - 1 (first) - 1 (this) = 8
+		// when the late commit was given back, 7 when it was not.
+		t.Logf("after the stall: remaining %d (8 if the late commit was refunded), late counts %+v, refunds %+v", r.Remaining, rs.Late(), rs.Refunds())
+		if r.Remaining != 8 {
+			t.Errorf("remaining %d after the late grace, want 8: the commit of a decision whose caller gave up (ASK path) was never given back", r.Remaining)
+		}
+	}
+}

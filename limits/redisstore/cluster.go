@@ -367,7 +367,23 @@ func refundMarkerTTL(ctx context.Context) time.Duration {
 // runRefund runs one slot's refund and, when results is not nil, reports
 // the refunded checks' quota as it now stands.
 func (s *Store) runRefund(ctx context.Context, j *refundJob, results []limits.Result) error {
-	reply, err := s.refund.Run(ctx, s.client, j.keys, j.args...).Result()
+	var reply any
+	var err error
+	for attempt := 1; ; attempt++ {
+		reply, err = s.refund.Run(ctx, s.client, j.keys, j.args...).Result()
+		if err == nil || !notRun(err) {
+			break
+		}
+		// TRYAGAIN: the slot is being migrated, and the refund's marker
+		// is on neither side yet; it runs once the migration ends. (The
+		// marker makes a second run give nothing back: sending again is
+		// safe whatever happened.)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis store: refund (slot %d): %w (%w)", KeySlot(j.keys[0]), err, ctx.Err())
+		case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("redis store: refund (slot %d): %w", KeySlot(j.keys[0]), err)
 	}

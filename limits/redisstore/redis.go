@@ -540,8 +540,7 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 			if target, err = s.nodes.node(addr); err != nil {
 				return nil, err, true
 			}
-			reply, err = askingEval(call.ctx, target, s.script, call)
-			return reply, err, true
+			return s.asking(call, target)
 		case isRedirect:
 			nd, err = s.nodes.moved(slot, addr)
 		default:
@@ -559,6 +558,29 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 		}
 	}
 	return nil, err, true
+}
+
+// asking sends call to nd after ASKING (its slot is being migrated there)
+// and waits for the reply as a coalesced call's caller does: no longer
+// than the caller's context, while the send itself waits the late grace
+// past the caller's deadline and hands a reply that comes after the
+// caller gave up to lateReply, which gives back what it committed. owned
+// is false when the caller gave up: the sender then releases the call.
+func (s *Store) asking(call *scriptCall, nd *clusterNode) (reply any, err error, owned bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if call.hasDeadline {
+		ctx, cancel = context.WithDeadline(context.Background(), call.deadline.Add(nd.co.opt.LateGrace))
+	}
+	call.rearm()
+	go func() {
+		defer cancel()
+		reply, err := askingEval(ctx, nd, s.script, call)
+		if !call.finish(reply, err) {
+			s.lateReply(call, reply, err)
+			call.release()
+		}
+	}()
+	return call.wait()
 }
 
 // lateReply is told about a decide.lua run whose caller gave up before

@@ -9,24 +9,21 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// TestProbeAskLateReplyIsRefunded: docs/failure.md ("At most one run per
-// decision") and docs/scaling.md say a decision whose caller gave up before
-// Redis answered is still waited for (the late grace), and a commit that
-// comes late is given back: the caller was answered without it (local
-// fallback), so it must not count. A decision that follows an ASK redirect
-// (a slot being migrated, a normal part of resharding) is sent by
-// askingEval on the caller's own context instead of through a coalescer:
-// when the target answers after the caller's deadline the reply is thrown
-// away, no refund runs, and the unit stays consumed for a request Redis
-// never answered (the caller got an error and was decided locally; if the
-// local fallback denied it, a denied request burnt quota).
+// TestAskLateReplyIsRefunded: a decision whose caller gave up before Redis
+// answered is still waited for (the late grace), and what a late reply
+// committed is given back: the caller was answered without it (the local
+// fallback), so it must not count (docs/failure.md). A decision that
+// follows an ASK redirect (a slot being migrated, a normal part of
+// resharding) was sent on the caller's own context: a reply after the
+// caller's deadline was thrown away and its unit stayed consumed. And the
+// refund itself, two keys in a slot being migrated, was refused with
+// TRYAGAIN until the migration ended, and lost.
 //
-// Here: a slot is mid-migration, the key lives on the target (ASK); the
-// target stalls (DEBUG SLEEP 0.4) just as a decision is sent; the caller
-// times out after 100 ms; the target then runs the script and commits.
-// Expected after the late grace: the key holds only the one admitted unit
-// (remaining 9 of 10). Got: 2 units (remaining 8).
-func TestProbeAskLateReplyIsRefunded(t *testing.T) {
+// Here a slot is mid-migration and the key lives on the target (ASK); the
+// target stalls just as a decision is sent, whose caller times out after
+// 100 ms; the target then runs it and commits; the migration ends. After
+// the late grace the key holds the first decision's unit alone.
+func TestAskLateReplyIsRefunded(t *testing.T) {
 	c := testredis.StartCluster(t)
 	rs := openClusterStore(t, c)
 	ctx := testredis.Ctx(t)
@@ -86,10 +83,16 @@ func TestProbeAskLateReplyIsRefunded(t *testing.T) {
 	a, r, err := decide(100 * time.Millisecond)
 	t.Logf("decision during the target's stall: admitted %v %+v err %v after %v", a, r, err, time.Since(start).Round(time.Millisecond))
 	if err == nil {
-		t.Skip("the decision was answered within its deadline: the stall did not catch it")
+		t.Fatal("the decision was answered within its deadline: the stall did not catch it")
 	}
 	if err := <-stalled; err != nil {
 		t.Fatal(err)
+	}
+	// The migration ends: the slot is the target's (its one key is there).
+	for _, n := range nodes {
+		if n.Primary {
+			do(n.Addr, "CLUSTER", "SETSLOT", slot, "NODE", dst.ID)
+		}
 	}
 	// Past the late grace (2 s) and a background refund.
 	time.Sleep(DefaultLateGrace + time.Second)

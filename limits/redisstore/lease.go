@@ -14,9 +14,10 @@ import (
 // take, return, reset or look, on the rule's key and its lease record
 // (LeaseKey), which share a hash tag and so a slot. Leases are few (a take
 // every few tens of milliseconds per busy key and instance), so they are
-// not coalesced: each is one script run through the client, which on Redis
-// Cluster routes it by the key's slot (following MOVED and ASK, never
-// resending a script that may have run: MaxRetries is off). A take whose
+// not coalesced: each is one script run (runOnce), which on Redis Cluster
+// goes to the slot's primary as a decision does, never resent once it may
+// have run (a take is a commit: run twice, its first slice would be held by
+// nobody). A take whose
 // reply is lost (a timeout) may have leased units this instance never
 // learns of: they are held until the slice's until and count as spent, the
 // strict side.
@@ -31,7 +32,7 @@ func leaseArgs(c *limits.Check, nowUS int64, op string) ([]any, error) {
 
 // runLease runs lease.lua on c's key and its lease record.
 func (s *Store) runLease(ctx context.Context, c *limits.Check, args []any) ([]any, error) {
-	reply, err := lua.LeaseScript.Run(ctx, s.client, []string{c.Key, limits.LeaseKey(c.Key)}, args...).Result()
+	reply, err := s.runOnce(ctx, lua.LeaseScript, []string{c.Key, limits.LeaseKey(c.Key)}, args...)
 	if err != nil {
 		s.noteError(err)
 		return nil, fmt.Errorf("redis store: lease %s %q: %w", args[1], c.Key, err)

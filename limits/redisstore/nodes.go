@@ -322,3 +322,48 @@ func askingEval(ctx context.Context, nd *clusterNode, script *redis.Script, call
 	}
 	return nil, errors.New("redis cluster: ASK: unreachable")
 }
+
+// runOnce runs script on keys (one slot) at most once, as decisions are
+// run: through the store's client on a single server or Sentinel (go-redis
+// retries off), and on Redis Cluster through the slot's primary's own
+// client, following MOVED, ASK and TRYAGAIN itself and sending again only
+// what Redis said it did not run. (The cluster client would resend a
+// script whose connection died after Redis ran it.) For scripts that
+// commit outside the coalesced decisions: lease takes and returns.
+func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
+	if s.nodes == nil {
+		return script.Run(ctx, s.client, keys, args...).Result()
+	}
+	slot := KeySlot(keys[0])
+	nd, err := s.nodes.forSlot(ctx, slot)
+	for attempt := 0; err == nil; attempt++ {
+		var reply any
+		reply, err = script.Run(ctx, nd.client, keys, args...).Result()
+		if err == nil || !notRun(err) || attempt >= 4 || ctx.Err() != nil {
+			if err != nil && IsStoreFailure(err) {
+				s.nodes.reloadSoon()
+			}
+			return reply, err
+		}
+		kind, _, addr, isRedirect := redirect(err)
+		switch {
+		case isRedirect && kind == "ASK":
+			var target *clusterNode
+			if target, err = s.nodes.node(addr); err != nil {
+				return nil, err
+			}
+			return askingEval(ctx, target, script, &scriptCall{keys: keys, args: args})
+		case isRedirect:
+			nd, err = s.nodes.moved(slot, addr)
+		default:
+			s.nodes.reloadSoon()
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
+			}
+			nd, err = s.nodes.forSlot(ctx, slot)
+		}
+	}
+	return nil, err
+}

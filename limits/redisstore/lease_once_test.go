@@ -11,23 +11,19 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// TestProbeLeaseTakeRunsOnceOnCluster: a lease take is a commit (a
-// decision of cost g on the rule's key), so, like a decision, it must run at
-// most once: docs/scaling.md ("Hot keys: leases", Redis Cluster) says a take
-// is "sent through the cluster client (which follows MOVED and ASK and never
-// resends a script that may have run)". But go-redis's ClusterClient resends
-// a command whose connection died before the reply (io.EOF is retried on the
-// same node whatever MaxRetries says: nodes.go says so itself, which is why
-// decisions do not go through it), and runLease (lease.go:34) runs
-// lease.lua through s.client, the ClusterClient. A take whose reply is lost
-// after Redis ran it is therefore run again: the key counts the slice twice
-// (the same slice id is overwritten in the lease record, so the first grant
-// is held by nobody and is never returned).
+// TestLeaseTakeRunsOnceOnCluster: a lease take is a commit (a decision of
+// cost g on the rule's key), so, like a decision, it runs at most once.
+// It went through go-redis's ClusterClient, which resends a command whose
+// connection died before the reply whatever MaxRetries says: a take whose
+// reply was lost after Redis ran it ran again, and the key counted the
+// slice twice (the same slice id overwritten in the lease record, the first
+// grant held by nobody and never returned). Takes now go to the slot's
+// primary as decisions do (runOnce).
 //
 // Here: 300 takes of want 1, each on a key of its own, while a proxy cuts
-// 10% of the connections right after Redis answered. Expected: no key
-// counts more than one unit. Got: keys with 2.
-func TestProbeLeaseTakeRunsOnceOnCluster(t *testing.T) {
+// 10% of the connections right after Redis answered. No key may count more
+// than one unit.
+func TestLeaseTakeRunsOnceOnCluster(t *testing.T) {
 	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)

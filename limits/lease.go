@@ -809,7 +809,12 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 		if now >= e.until.Load() {
 			have = 0
 		}
-		if need := cost - have; now < e.exUntil && need >= e.exNeed {
+		// The store's denial answers the need it was asked and, in a
+		// fixed window only, a larger one (every need that can fit fits
+		// when the window ends); elsewhere a larger need fits later than
+		// the retry the store gave: it asks, so that its Retry-After is
+		// the store's word (as the deny cache does).
+		if need := cost - have; now < e.exUntil && (need == e.exNeed || need > e.exNeed && r.Algorithm == FixedWindow) {
 			res := e.exResult
 			res.Allowed = false
 			res.Remaining = max(have, 0)

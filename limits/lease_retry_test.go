@@ -9,7 +9,7 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// TestProbeBLeaseLocalDenialRetryForLargerCost: a leased token_bucket (1 a
+// TestLeaseLocalDenialRetryForLargerCost: a leased token_bucket (1 a
 // second, burst 10) on a real Redis is spent; a request of cost 1 is
 // denied (the store says: retry in 1 s). A request of cost 5 right after
 // it is denied by the instance itself (the store had nothing to lease),
@@ -17,11 +17,14 @@ import (
 // store's word for cost 5 is 5 s (what the same rule without lease
 // answers, and what the deny cache takes care to ask the store for:
 // docs/scaling.md "Retry-After is still Redis's word for that rule").
-// A client that waits what it was told is denied again, four times over.
-func TestProbeBLeaseLocalDenialRetryForLargerCost(t *testing.T) {
+// A client that waited what it was told was denied again, four times over.
+// Now a larger need asks the store, except in a fixed window (every cost
+// that can fit fits when the window ends), where the local answer is the
+// store's word too.
+func TestLeaseLocalDenialRetryForLargerCost(t *testing.T) {
 	s := redisLMStore(t)
 	ctx := context.Background()
-	for _, algo := range []limits.Algorithm{limits.TokenBucket, limits.GCRA, limits.SlidingWindow} {
+	for _, algo := range []limits.Algorithm{limits.TokenBucket, limits.GCRA, limits.SlidingWindow, limits.FixedWindow} {
 		t.Run(string(algo), func(t *testing.T) {
 			retryFor := func(lease bool) (int64, int64) {
 				r := leasedRule("global", algo, 10, 10*time.Second)
@@ -52,7 +55,7 @@ func TestProbeBLeaseLocalDenialRetryForLargerCost(t *testing.T) {
 			u1, u5 := retryFor(false)
 			l1, l5 := retryFor(true)
 			t.Logf("%s: not leased: retry cost 1 %d µs, cost 5 %d µs; leased: cost 1 %d µs, cost 5 %d µs", algo, u1, u5, l1, l5)
-			if l5 < u5-1000 {
+			if l5 < u5-1000 || l5 > u5+1000 {
 				t.Errorf("%s leased: a request of cost 5 is told to retry in %.3f s; the store's word (the unleased rule) is %.3f s",
 					algo, float64(l5)/1e6, float64(u5)/1e6)
 			}

@@ -50,7 +50,9 @@
 -- exceeds B. A slice ends when its holder returns it (its unspent units go
 -- back into the level) or at its until (then all of it counts as spent; the
 -- holder stops spending before). A record written under other numbers is
--- first capped under those, then converted by the algorithm itself.
+-- first capped under those, then converted by the algorithm itself; a
+-- return gives its units back in the record's own numbers instead (see
+-- its operation below).
 --
 -- Every write of a take, a return or a reset persists the cap, so a slice
 -- that ended since the last one does not hand back the refill its cap held.
@@ -398,7 +400,19 @@ if op == 'return' then
       redis.call('HDEL', lkey, ARGV[i])
     end
   end
+  -- The units go back in the numbers the record is written under, not
+  -- the caller's: a return sent under a rule since changed (its slice
+  -- was taken before) would otherwise convert a record other instances
+  -- already wrote under the new numbers back to the old ones, where the
+  -- part used past the old burst does not fit and was forgotten (a
+  -- burst raised from 10 to 100 admitted 190).
   if code == 5 then
+    -- (a record full again counts as absent, as in ls_tb_state)
+    local tokens, ts, sl, sp, sb = token_bucket_load(key)
+    if tokens then
+      local sq = math.floor(sp / sl)
+      if tb_level(tokens, ts, now, sb, sq, sp - sq * sl, sl, sp) < sb then limit, period, burst = sl, sp, sb end
+    end
     local have, ri, rf, q, r = ls_tb_state(key, now, limit, period, burst, o)
     for _, u in ipairs(picked) do
       have = have + u
@@ -408,7 +422,18 @@ if op == 'return' then
     if have >= c then have, ri = c, 0 end
     ls_tb_write(key, now, limit, period, burst, have, ri, q, r)
   else
-    local di, df, q, r = ls_gc_state(key, now, limit, period, burst, o)
+    -- the backlog as stored, not held to the caller's tolerance either:
+    -- a return only shortens it
+    -- (a record whose TAT has passed counts as absent, as in ls_gc_state)
+    local t, f, sl, sp = gcra_load(key)
+    local di, df = 0, 0
+    if t and (t > now or (t == now and f > 0)) then
+      limit, period, di, df = sl, sp, t - now, f
+    end
+    local q = math.floor(period / limit)
+    local r = period - q * limit
+    local oi, of = gc_times(o, q, r, limit)
+    if di < oi or (di == oi and df < of) then di, df = oi, of end
     for _, u in ipairs(picked) do
       di, df = ls_gc_add(di, df, -u, q, r, limit)
       back = back + u

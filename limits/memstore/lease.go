@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -472,6 +473,19 @@ func (s *Store) ReturnLease(_ context.Context, r *limits.LeaseReturn) (int64, er
 		m.live -= m.slices[i].g
 		m.remove(i)
 	}
+	// The units go back in the numbers the record is written under, not
+	// the caller's (lease.lua's return says why).
+	// (A record full again, or whose TAT has passed, counts as absent, as
+	// in leaseTBState and leaseGCState.)
+	st := s.load(c.Key, now)
+	sl, sp, sb := cmp.Or(st.c, c.Limit), cmp.Or(st.d, c.PeriodUS), cmp.Or(st.e, c.Burst)
+	if c.Algorithm == limits.TokenBucket {
+		if h, _, _ := newInterval(sl, sp).level(max(st.b, 0), st.a, now, sb); st.expireUS > now && h < sb {
+			c.Limit, c.PeriodUS, c.Burst = sl, sp, sb
+		}
+	} else if st.expireUS > now && (st.a > now || st.a == now && st.b > 0) {
+		c.Limit, c.PeriodUS = sl, sp
+	}
 	if c.Algorithm == limits.TokenBucket {
 		have, ri, _, iv := s.leaseTBState(&c, now, m.o)
 		for _, u := range picked {
@@ -483,7 +497,16 @@ func (s *Store) ReturnLease(_ context.Context, r *limits.LeaseReturn) (int64, er
 		}
 		s.leaseTBWrite(&c, now, have, ri, iv)
 	} else {
-		di, df, iv, _, _ := s.leaseGCState(&c, now, m.o)
+		// the backlog as stored, not held to the caller's tolerance
+		// either: a return only shortens it
+		iv := newInterval(c.Limit, c.PeriodUS)
+		var di, df int64
+		if st.expireUS > now && (st.a > now || st.a == now && st.b > 0) {
+			di, df = st.a-now, st.b
+		}
+		if oi, of := iv.times(m.o); di < oi || (di == oi && df < of) {
+			di, df = oi, of
+		}
 		for _, u := range picked {
 			di, df = leaseGCAdd(iv, di, df, -u)
 			back += u

@@ -288,6 +288,11 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 		// instance's cache through pub/sub.
 		a.resets = redisstore.NewResets(rs.Client(), cfg.Redis.KeyPrefix, dc, a.log)
 		a.goBG(a.resets.Run)
+		// So does a late refund: a denial Redis made between a commit
+		// whose caller gave up and its refund counted the refunded units.
+		// (Unannounced, the denial stays cached until its retry: strict,
+		// never loose.)
+		rs.OnLateRefund(func(ctx context.Context, key string) { _ = dc.KeyReset(ctx, key) })
 	}
 
 	a.top.SetShared(redisstore.NewTop(rs.Client(), cfg.Redis.KeyPrefix))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,11 +43,17 @@ type dcInstance struct {
 
 func newDCInstance(t *testing.T, srv *testredis.Server, prefix string) *dcInstance {
 	t.Helper()
+	return newDCInstanceAt(t, srv.Addr, prefix)
+}
+
+// newDCInstanceAt is newDCInstance on the Redis at addr (a proxy, say).
+func newDCInstanceAt(t *testing.T, addr, prefix string) *dcInstance {
+	t.Helper()
 	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Redis.URL = "redis://" + srv.Addr + "/0"
+	cfg.Redis.URL = "redis://" + addr + "/0"
 	cfg.Redis.KeyPrefix = prefix
 	a, err := New(cfg, Options{Log: zerolog.Nop()})
 	if err != nil {
@@ -123,6 +130,57 @@ func TestDenyCacheResetBroadcast(t *testing.T) {
 	}
 	if d := b.decide(t, "192.0.2.8"); !d.Cached {
 		t.Fatal("instance B forgot an identity nobody reset")
+	}
+}
+
+// TestDenyCacheForgetsALateRefund: a denial Redis made between a commit
+// whose caller gave up and that commit's refund counted units that are
+// back once the refund ran; an instance that cached it would deny until
+// its retry time (the window's end here) what Redis admits. A late refund
+// announces its keys as a key reset does, so every instance forgets them.
+// Instance A's replies come 400 ms late (its caller waits 100 ms): its
+// decision commits at once, its caller gives up, B is denied and caches
+// it, then A's late reply comes and A refunds.
+func TestDenyCacheForgetsALateRefund(t *testing.T) {
+	srv := testredis.Start(t)
+	px := testredis.StartProxy(t, srv.Addr)
+	prefix := uniquePrefix(t)
+	a := newDCInstanceAt(t, px.Addr, prefix)
+	b := newDCInstance(t, srv, prefix)
+	const ip = "192.0.2.9"
+	// A's connections open first: a new one's handshake would hold the
+	// decision back past its caller's deadline, and it would not be sent.
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d limits.Decision
+			if err := a.limiter.Decide(context.Background(), &limits.Request{IP: fmt.Appendf(nil, "198.51.100.%d", i)}, &d); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	px.DelayReplies(400 * time.Millisecond)
+	// (the handler gives each decision its redis.timeout; here the
+	// test does)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	var d limits.Decision
+	err := a.limiter.Decide(ctx, &limits.Request{IP: []byte(ip)}, &d)
+	cancel()
+	if err == nil && !d.Local && !d.Undecided {
+		t.Fatalf("instance A was answered by Redis: %+v", d.Verdicts)
+	}
+	if d := b.decide(t, ip); d.Admitted || d.Cached {
+		t.Fatalf("instance B after A's commit: admitted=%v cached=%v, want a store denial", d.Admitted, d.Cached)
+	}
+	if d := b.decide(t, ip); !d.Cached {
+		t.Fatal("instance B did not cache the denial")
+	}
+	waitEmpty(t, b.cache, "instance B after A's late refund")
+	if d := b.decide(t, ip); !d.Admitted {
+		t.Fatalf("instance B after A's late refund: %+v, want admitted (A's unit is back)", d.Verdicts)
 	}
 }
 

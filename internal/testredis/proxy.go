@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy is a fault-injecting TCP proxy in front of a Redis server, on a free
@@ -21,6 +22,7 @@ type Proxy struct {
 	ln     net.Listener
 
 	dropPerMille atomic.Int64
+	delay        atomic.Int64 // ns each read from Redis is held before it is passed on
 	dropped      atomic.Int64
 	forwarded    atomic.Int64
 
@@ -55,6 +57,13 @@ func (p *Proxy) Port() int {
 // read from Redis with the given probability (0 turns it off).
 func (p *Proxy) DropReplies(probability float64) {
 	p.dropPerMille.Store(int64(probability * 1000))
+}
+
+// DelayReplies makes the proxy hold each read from Redis for d before
+// passing it on (0 turns it off): the commands run at once, their replies
+// come late.
+func (p *Proxy) DelayReplies(d time.Duration) {
+	p.delay.Store(int64(d))
 }
 
 // Dropped returns how many reads from Redis were dropped (and their
@@ -117,6 +126,9 @@ func (p *Proxy) accept() {
 						client.Close()
 						server.Close()
 						return
+					}
+					if d := p.delay.Load(); d > 0 {
+						time.Sleep(time.Duration(d))
 					}
 					p.forwarded.Add(1)
 					if _, werr := client.Write(buf[:n]); werr != nil {

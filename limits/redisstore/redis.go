@@ -80,6 +80,17 @@ type Store struct {
 	co    *coalescer
 	nodes *clusterNodes
 	late  lateStats
+	// refunded, when set, is told each key a late refund gave units back
+	// to (OnLateRefund).
+	refunded atomic.Pointer[func(ctx context.Context, key string)]
+}
+
+// OnLateRefund makes the store call f with each key a late refund gave
+// units back to, once it has: a denial Redis made between the late commit
+// and its refund counted units that are back now, so whoever cached it
+// (the deny cache, on every instance) must forget it.
+func (s *Store) OnLateRefund(f func(ctx context.Context, key string)) {
+	s.refunded.Store(&f)
 }
 
 // lateStats counts the calls whose caller gave up before their reply.

@@ -92,6 +92,10 @@ type App struct {
 	handler  atomic.Pointer[handler.Handler]
 	admin    *admin.Server
 	resets   *redisstore.Resets // nil without a deny cache
+	// openAdmin is the admin listener's address when it is reachable
+	// beyond this host (empty on loopback, or before Run): a reload may
+	// not leave it without a token that can guard it.
+	openAdmin atomic.Value // string
 
 	bg     context.Context
 	stopBG context.CancelFunc
@@ -422,12 +426,16 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 		ln.Close()
 		return fmt.Errorf("listen for the admin API on %s: %w", adminAddr, err)
 	}
-	if cfg.Admin.Token == "" && !isLoopback(adminLn.Addr()) {
-		// Overrides, resets and reloads from anyone who can reach the
-		// port: refuse rather than warn.
-		ln.Close()
-		adminLn.Close()
-		return fmt.Errorf("%w: the admin API on %s would be reachable beyond this host without a token: set admin.token (or RATEGATE_ADMIN_TOKEN), or listen on 127.0.0.1", ErrUnsafe, adminLn.Addr())
+	if !isLoopback(adminLn.Addr()) {
+		if msg := openAdminTokenProblem(cfg.Admin.Token); msg != "" {
+			// Overrides, resets and reloads from anyone who can reach
+			// (or guess their way into) the port: refuse rather than warn.
+			ln.Close()
+			adminLn.Close()
+			return fmt.Errorf("%w: the admin API on %s would be reachable beyond this host %s: set admin.token (or RATEGATE_ADMIN_TOKEN) to a long random value (openssl rand -hex 16), or listen on 127.0.0.1", ErrUnsafe, adminLn.Addr(), msg)
+		}
+		// A reload must not make it so either (Reload).
+		a.openAdmin.Store(adminLn.Addr().String())
 	}
 	// Timeouts, head size and connection limits against slow or hostile
 	// clients; see handler.NewServer.
@@ -446,6 +454,9 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 		Concurrency:           adminMaxConns,
 		ErrorHandler:          admin.ErrorHandler,
 		NoDefaultServerHeader: true,
+		// A malformed request's raw head (its bearer token with it) is
+		// neither logged nor echoed in the 400, as on the main listener.
+		SecureErrorLogMessage: true,
 		Logger:                fasthttpLogger{a.log},
 	}
 	serveErr := make(chan error, 2)
@@ -519,6 +530,23 @@ func (a *App) config() *config.Config {
 func isLoopback(a net.Addr) bool {
 	t, ok := a.(*net.TCPAddr)
 	return ok && t.IP.IsLoopback()
+}
+
+// MinOpenAdminToken is the shortest admin token accepted on an admin
+// listener reachable beyond this host: every wrong guess is a cheap 401,
+// so the token is what keeps overrides, resets and reloads to their owner.
+const MinOpenAdminToken = 16
+
+// openAdminTokenProblem says why token cannot guard an admin listener
+// reachable beyond this host ("" when it can).
+func openAdminTokenProblem(token string) string {
+	switch {
+	case token == "":
+		return "without a token"
+	case len(token) < MinOpenAdminToken:
+		return fmt.Sprintf("with a token of %d bytes (at least %d; a short one is guessed)", len(token), MinOpenAdminToken)
+	}
+	return ""
 }
 
 // firstSet returns the first non-empty value: flag/env, then file, then default.

@@ -54,6 +54,21 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 	if a.opts.AdminToken != "" {
 		next.Admin.Token = a.opts.AdminToken
 	}
+	if addr, _ := a.openAdmin.Load().(string); addr != "" {
+		if msg := openAdminTokenProblem(next.Admin.Token); msg != "" {
+			// A file being rewritten, a template gone wrong: taken as
+			// is, it would open overrides, resets and reloads to anyone
+			// who reaches the port. Start refuses the same.
+			err = config.Errors{fmt.Errorf("%s: admin.token: the admin API on %s is reachable beyond this host and would be left %s; keep a token of at least %d bytes (or set RATEGATE_ADMIN_TOKEN)",
+				a.opts.ConfigPath, addr, msg, MinOpenAdminToken)}
+		}
+	}
+	if err != nil {
+		a.metrics.Reloaded(false)
+		a.log.Error().Str("config", a.opts.ConfigPath).Str("trigger", trigger).Strs("errors", []string{err.Error()}).
+			Msg("reload failed: keeping the running configuration; fix the file and reload again")
+		return admin.ReloadResult{}, err
+	}
 	prev := a.cfg
 	res := admin.ReloadResult{Source: a.opts.ConfigPath, Rules: len(next.Rules)}
 	res.NeedRestart = a.needRestart(prev, next)

@@ -12,13 +12,12 @@ import (
 	"time"
 )
 
-// TestAdminTokenNeverLoggedOrEchoed: the admin token must not reach the
-// log, nor an error body. The main listener sets fasthttp's
-// SecureErrorLogMessage ("hostile input must not reach the log"); the
-// admin listener does not, so a request fasthttp cannot parse (a bad
-// Content-Length, a header line without a colon) is logged with its raw
-// bytes, the Authorization header and its bearer token included, and the
-// same bytes are sent back in the 400's JSON body.
+// TestAdminTokenNeverLoggedOrEchoed: the admin token reaches neither the
+// log nor an error body. The main listener had fasthttp's
+// SecureErrorLogMessage and the admin listener did not: a request fasthttp
+// cannot parse (a bad Content-Length, a header line without a colon) was
+// logged with its raw bytes, the Authorization header and its bearer token
+// included, and the same bytes were sent back in the 400's JSON body.
 func TestAdminTokenNeverLoggedOrEchoed(t *testing.T) {
 	t.Parallel()
 	const token = "tok-0f1e2d3c4b5a69788796a5b4c3d2e1f0"

@@ -1,7 +1,10 @@
 # rategate's container image: a static binary on an empty base, as non-root.
 #
 #     docker build -t rategate .
-#     docker run --rm -p 8080:8080 rategate -redis redis://redis-host:6379/0
+#     docker run --rm -p 127.0.0.1:8080:8080 rategate -redis redis://redis-host:6379/0
+#
+# (published on the host's loopback: rategate believes the identity headers
+# it is sent, so only NGINX may reach /auth; docs/nginx.md, "Identity")
 #
 # docker-compose.yml builds it for the local gateway; deploy/kubernetes/ runs
 # it (readOnlyRootFilesystem, every capability dropped).

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ type composeFile struct {
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
 		Volumes     []yaml.Node       `yaml:"volumes"`
+		Networks    []string          `yaml:"networks"`
 	} `yaml:"services"`
 }
 
@@ -87,6 +89,28 @@ func TestComposeFile(t *testing.T) {
 		// The token file the config reads is the one the entrypoint writes.
 		if !strings.Contains(cfg, "credentials_file: /prometheus/rategate-token") || !strings.Contains(strings.Join(prom.Command, " "), "> /prometheus/rategate-token") {
 			t.Errorf("prometheus: the token file of prometheus.yml is not the one its command writes: %q", prom.Command)
+		}
+	})
+
+	t.Run("Redis shares a network with rategate alone", func(t *testing.T) {
+		// Whoever writes to rategate's Redis changes every limit
+		// (overrides and identity blocks live there).
+		redisNets := cf.Services["redis"].Networks
+		if len(redisNets) == 0 {
+			t.Fatal("redis: on the default network, with every other service")
+		}
+		for name, svc := range cf.Services {
+			if name == "redis" || name == "rategate" {
+				continue
+			}
+			for _, n := range svc.Networks {
+				if slices.Contains(redisNets, n) {
+					t.Errorf("%s shares the network %q with redis", name, n)
+				}
+			}
+			if len(svc.Networks) == 0 {
+				t.Errorf("%s: on the default network (give it its networks)", name)
+			}
 		}
 	})
 

@@ -1,7 +1,10 @@
 package app
 
 import (
+	"strings"
 	"testing"
+
+	"github.com/rs/zerolog"
 
 	"github.com/rategate/rategate/policy"
 )
@@ -54,4 +57,73 @@ rules:
 	if admitted != 1 {
 		t.Errorf("eve, 1 per 30d with burst 1: %d of 5 admitted, want 1", admitted)
 	}
+}
+
+// TestReloadKeepsALowerIdentityLimit: an identity override whose numbers
+// fitted the rule when it was set stops fitting when a reload changes the
+// rule under it: a rule cost above the identity's burst, or an algorithm
+// without a burst for an override that gives one. Dropping it handed the
+// identity the rule's own numbers, a lower limit failing open; an override
+// that lowers the rule now keeps applying, on the strict side (the burst
+// dropped where the algorithm has none; a request costing more than the
+// identity's burst never fits). One that raises it stops applying, as
+// before, and says why.
+func TestReloadKeepsALowerIdentityLimit(t *testing.T) {
+	const gcra = `
+rules:
+  - name: api
+    key: [user]
+    algorithm: gcra
+    limit: 100
+    period: 1h
+    burst: 100
+`
+	a, write := fileApp(t, gcra, zerolog.Nop())
+	s := &stack{t: t, app: a, rules: a.Rules(), limiter: a.Limiter(), auth: serveOn(t, a.Handler()), admin: serveOn(t, a.AdminHandler())}
+	admitted := func(user string, n int) int {
+		k := 0
+		for range n {
+			if s.ask("X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-User-Id", user) == 204 {
+				k++
+			}
+		}
+		return k
+	}
+	s.api("PUT", "/v1/rules/api/identities?user=mallory", `{"limit":2,"burst":2,"reason":"abuse"}`, 200, nil)
+	s.api("PUT", "/v1/rules/api/identities?user=bigco", `{"limit":200,"burst":400,"reason":"plan"}`, 200, nil)
+	reload := func(yaml string) {
+		t.Helper()
+		write(yaml)
+		if _, err := a.Reload("test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	view := func(user string) policy.IdentityView {
+		var v policy.IdentityView
+		s.api("GET", "/v1/rules/api/identities?user="+user, "", 200, &v)
+		return v
+	}
+
+	// The rule's cost rises above mallory's burst.
+	reload(strings.Replace(gcra, "burst: 100\n", "burst: 100\n    cost: 5\n", 1))
+	if n := admitted("mallory", 5); n != 0 {
+		t.Errorf("cost 5 against mallory's burst of 2: %d of 5 admitted, want 0 (before: the rule's burst of 100)", n)
+	}
+	if v := view("mallory"); v.Error != "" {
+		t.Errorf("mallory's override after the cost rose: error %q, want it in force", v.Error)
+	}
+
+	// The rule becomes a fixed window: mallory's burst goes, its limit stays.
+	reload(strings.Replace(strings.Replace(gcra, "gcra", "fixed_window", 1), "    burst: 100\n", "", 1))
+	if n := admitted("mallory", 5); n != 2 {
+		t.Errorf("fixed_window, mallory's limit 2: %d of 5 admitted, want 2", n)
+	}
+	// bigco's override raised the rule: on a window algorithm its burst
+	// does not fit, and it stops applying, and says why (the rule's limit
+	// of 100 is the strict side).
+	if v := view("bigco"); !strings.Contains(v.Error, "burst") {
+		t.Errorf("bigco's burst on a fixed_window rule: error %q, want it flagged", v.Error)
+	}
+	// Set now, a burst on a window rule is refused, as it always was.
+	s.api("PUT", "/v1/rules/api/identities?user=eve", `{"limit":2,"burst":2}`, 400, nil)
 }

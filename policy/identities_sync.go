@@ -235,7 +235,7 @@ func (x *Identities) build(r *limits.Rule, sig string, now int64) *ruleIdentitie
 	var ranges []limits.IdentityRange
 	for i := range r.Exceptions {
 		ex := &r.Exceptions[i]
-		rule, err := ri.ruleFor(ex.Action, numbers{limit: ex.Limit, burst: ex.Burst, period: ex.Period, factor: ex.Factor})
+		rule, err := ri.ruleInForce(ex.Action, numbers{limit: ex.Limit, burst: ex.Burst, period: ex.Period, factor: ex.Factor})
 		if err != nil {
 			ri.staticErr[i] = err.Error()
 			x.log.Warn().Str("rule", r.Name).Str("exception", limits.JoinPairs(ex.Match, ", ")).Str("error", err.Error()).
@@ -287,6 +287,44 @@ func (ri *ruleIdentities) ruleFor(action limits.IdentityAction, n numbers) (*lim
 	return d, nil
 }
 
+// ruleInForce is ruleFor for an override or exception already in force.
+// Numbers that fitted when they were set may not fit a rule a reload has
+// changed since; dropping them would hand the identity the rule's
+// numbers, a lower limit failing open. Where they lower the rule (a limit
+// no higher than its, or a factor under 1), two such changes keep them, on
+// the strict side: a burst on a rule now of a window algorithm goes (the
+// limit stays), and a rule cost above the identity's burst stays (a
+// request of that cost never fits).
+func (ri *ruleIdentities) ruleInForce(action limits.IdentityAction, n numbers) (*limits.Rule, error) {
+	r, err := ri.ruleFor(action, n)
+	if err == nil || action != limits.IdentityLimit {
+		return r, err
+	}
+	if strict, ok := ri.strictFit(n); ok {
+		return strict.Derive(limits.IdentityLimit), nil
+	}
+	return nil, err
+}
+
+// strictFit applies n, which lowers the rule in force, without the two
+// bounds a rule's change can break (see ruleInForce).
+func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
+	if !(n.limit > 0 && n.limit <= ri.base.Limit || n.factor > 0 && n.factor < 1) {
+		return nil, false
+	}
+	if !ri.base.Algorithm.UsesBurst() {
+		n.burst = 0
+	}
+	b := *ri.base
+	b.Cost = 1
+	applied, err := Apply(&b, &Override{Limit: n.limit, Burst: n.burst, Period: Duration(n.period), Factor: n.factor})
+	if err != nil {
+		return nil, false
+	}
+	applied.Cost = ri.base.Cost
+	return applied, true
+}
+
 // entryOf returns the table entry of stored override s at now; false when
 // it does not apply (expired, unreadable, for other key dimensions, or
 // out of the rule's bounds).
@@ -294,7 +332,7 @@ func (ri *ruleIdentities) entryOf(id string, s *storedIdentity, now int64) (limi
 	if ri.problem(s) != "" || (s.expiresUS != 0 && now >= s.expiresUS) {
 		return limits.IdentityEntry{}, false
 	}
-	rule, err := ri.ruleFor(s.action, s.n)
+	rule, err := ri.ruleInForce(s.action, s.n)
 	if err != nil {
 		return limits.IdentityEntry{}, false
 	}
@@ -311,7 +349,7 @@ func (ri *ruleIdentities) problem(s *storedIdentity) string {
 	case s.ipv6 != 0 && s.ipv6 != ri.ipv6:
 		return fmt.Sprintf("set when identity.ipv6_prefix was %d, it is now %d: the identity names no client any more; delete it and set it again", s.ipv6, ri.ipv6)
 	}
-	if _, err := ri.ruleFor(s.action, s.n); err != nil {
+	if _, err := ri.ruleInForce(s.action, s.n); err != nil {
 		return "does not fit the rule as it now stands: " + err.Error()
 	}
 	return ""

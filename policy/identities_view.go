@@ -115,7 +115,7 @@ func (x *Identities) runtimeView(ri *ruleIdentities, id string, s *storedIdentit
 		v.SetAt = &at
 	}
 	if v.Error = ri.problem(s); v.Error == "" && s.action == limits.IdentityLimit {
-		if r, err := ri.ruleFor(s.action, s.n); err == nil {
+		if r, err := ri.ruleInForce(s.action, s.n); err == nil {
 			vals := valuesOf(r)
 			v.Effective = &vals
 		}
@@ -135,7 +135,7 @@ func (x *Identities) exceptionView(ri *ruleIdentities, i int) IdentityView {
 		v.Key = x.limiter.IdentityKeyOf(ri.base, ex.ID)
 	}
 	if v.Error == "" && ex.Action == limits.IdentityLimit {
-		if r, err := ri.ruleFor(ex.Action, numbers{limit: ex.Limit, burst: ex.Burst, period: ex.Period, factor: ex.Factor}); err == nil {
+		if r, err := ri.ruleInForce(ex.Action, numbers{limit: ex.Limit, burst: ex.Burst, period: ex.Period, factor: ex.Factor}); err == nil {
 			vals := valuesOf(r)
 			v.Effective = &vals
 		}

@@ -444,26 +444,48 @@ func (h *Handler) logShadow(ctx *fasthttp.RequestCtx, v *limits.Verdict, s *scra
 // not let it grow log lines.
 const maxLoggedRequestID = 64
 
+// maxLoggedValue bounds each identity value a denial line quotes (the
+// user, route, method, host and header dimensions): the client chooses
+// them, up to NGINX's header buffers (8 KiB each by default), and the line
+// writes a raw byte as "%E9" or "\ufffd": whole, one denial wrote 120 KB,
+// and the sampled lines of one client over its limit megabytes a second.
+// The store key (its identity hashed past 96 bytes) names the identity
+// whole; "clipped" says a value was cut.
+const maxLoggedValue = 128
+
+// logged returns b cut to maxLoggedValue, and whether it was cut.
+func logged(b []byte, clipped *bool) []byte {
+	if len(b) <= maxLoggedValue {
+		return b
+	}
+	*clipped = true
+	return b[:maxLoggedValue]
+}
+
 // verdictFields adds to e what answers "why was this request limited?":
 // the rule, every identity dimension (ip, user, route, method, host, and the
 // headers the rule is keyed on), the store key, the rule's numbers and this
 // request's, and NGINX's request id. Durations carry their unit in the name.
 func (h *Handler) verdictFields(e *zerolog.Event, ctx *fasthttp.RequestCtx, v *limits.Verdict, s *scratch) *zerolog.Event {
 	r := v.Rule
+	clipped := false
 	e.Str("rule", r.Name).
 		Bytes("ip", s.req.IP).
-		Bytes("user", s.req.User).
-		Bytes("route", s.req.Route).
-		Bytes("method", s.req.Method).
-		Bytes("host", s.req.Host)
+		Bytes("user", logged(s.req.User, &clipped)).
+		Bytes("route", logged(s.req.Route, &clipped)).
+		Bytes("method", logged(s.req.Method, &clipped)).
+		Bytes("host", logged(s.req.Host, &clipped))
 	if hasHeaderKey(r) {
 		hd := zerolog.Dict()
 		for _, p := range r.Key {
 			if p.Kind == limits.KeyHeader {
-				hd.Bytes(p.Header, s.req.Headers.Peek(p.Header))
+				hd.Bytes(p.Header, logged(s.req.Headers.Peek(p.Header), &clipped))
 			}
 		}
 		e.Dict("headers", hd)
+	}
+	if clipped {
+		e.Bool("clipped", true)
 	}
 	e.Str("key", v.Key).
 		Int64("limit", r.Limit).

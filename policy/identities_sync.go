@@ -290,9 +290,8 @@ func (ri *ruleIdentities) ruleFor(action limits.IdentityAction, n numbers) (*lim
 // ruleInForce is ruleFor for an override or exception already in force.
 // Numbers that fitted when they were set may not fit a rule a reload has
 // changed since; dropping them would hand the identity the rule's
-// numbers, a lower limit failing open. Where they lower the rule (a limit
-// no higher than its, or a factor under 1), two such changes keep them, on
-// the strict side: a burst on a rule now of a window algorithm goes (the
+// numbers, a lower limit failing open. Where they lower the rule (lowers),
+// two such changes keep them, on the strict side: a burst on a rule now of a window algorithm goes (the
 // limit stays), and a rule cost above the identity's burst stays (a
 // request of that cost never fits).
 func (ri *ruleIdentities) ruleInForce(action limits.IdentityAction, n numbers) (*limits.Rule, error) {
@@ -309,7 +308,7 @@ func (ri *ruleIdentities) ruleInForce(action limits.IdentityAction, n numbers) (
 // strictFit applies n, which lowers the rule in force, without the two
 // bounds a rule's change can break (see ruleInForce).
 func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
-	if !(n.limit > 0 && n.limit <= ri.base.Limit || n.factor > 0 && n.factor < 1) {
+	if !n.lowers(ri.base) {
 		return nil, false
 	}
 	if !ri.base.Algorithm.UsesBurst() {
@@ -323,6 +322,26 @@ func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
 	}
 	applied.Cost = ri.base.Cost
 	return applied, true
+}
+
+// lowers reports whether n gives r's identity no more than r does: a
+// limit no higher, at a rate no higher (a limit of 90 a second lowers
+// neither 100 an hour nor its rate), after the factor.
+func (n numbers) lowers(r *limits.Rule) bool {
+	if n.limit == 0 && n.period == 0 && n.factor == 0 {
+		return false // a burst alone: not a lower limit
+	}
+	limit, period := float64(r.Limit), float64(r.Period)
+	if n.limit > 0 {
+		limit = float64(n.limit)
+	}
+	if n.period > 0 {
+		period = float64(n.period)
+	}
+	if n.factor > 0 {
+		limit *= n.factor
+	}
+	return limit <= float64(r.Limit) && limit/period <= float64(r.Limit)/float64(r.Period)
 }
 
 // entryOf returns the table entry of stored override s at now; false when

@@ -20,25 +20,10 @@ import (
 // refills within 400 days (13 at 1 per 30 days): the override stays in
 // force, and an explicit burst stays the operator's.
 func TestRuleOverrideKeepsASlowIdentityOverride(t *testing.T) {
-	s := newStack(t, `
-rules:
-  - name: api
-    key: [user]
-    algorithm: gcra
-    limit: 100
-    period: 1h
-    burst: 100
-`, "")
-	hdr := []string{"X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-User-Id", "mallory"}
+	s := newStack(t, gcraPerUser, "")
 	s.api("PUT", "/v1/rules/api/identities?user=mallory", `{"limit":1,"period":"30d","reason":"abuse"}`, 200, nil)
 	s.api("PUT", "/v1/rules/api/override", `{"burst":20000,"reason":"sale"}`, 200, nil)
-	// Held to 1 per 30 days, mallory gets one request, then 429s.
-	admitted := 0
-	for i := 0; i < 50; i++ {
-		if s.ask(hdr...) == 204 {
-			admitted++
-		}
-	}
+	admitted := s.admittedOf("mallory", 50)
 	var v policy.IdentityView
 	s.api("GET", "/v1/rules/api/identities?user=mallory", "", 200, &v)
 	if admitted != 13 || v.Error != "" {
@@ -47,14 +32,7 @@ rules:
 	}
 	// An explicit burst is the operator's: the rule override leaves it.
 	s.api("PUT", "/v1/rules/api/identities?user=eve", `{"limit":1,"period":"30d","burst":1}`, 200, nil)
-	hdr[len(hdr)-1] = "eve"
-	admitted = 0
-	for i := 0; i < 5; i++ {
-		if s.ask(hdr...) == 204 {
-			admitted++
-		}
-	}
-	if admitted != 1 {
+	if admitted := s.admittedOf("eve", 5); admitted != 1 {
 		t.Errorf("eve, 1 per 30d with burst 1: %d of 5 admitted, want 1", admitted)
 	}
 }
@@ -69,26 +47,10 @@ rules:
 // identity's burst never fits). One that raises it stops applying, as
 // before, and says why.
 func TestReloadKeepsALowerIdentityLimit(t *testing.T) {
-	const gcra = `
-rules:
-  - name: api
-    key: [user]
-    algorithm: gcra
-    limit: 100
-    period: 1h
-    burst: 100
-`
+	const gcra = gcraPerUser
 	a, write := fileApp(t, gcra, zerolog.Nop())
 	s := &stack{t: t, app: a, rules: a.Rules(), limiter: a.Limiter(), auth: serveOn(t, a.Handler()), admin: serveOn(t, a.AdminHandler())}
-	admitted := func(user string, n int) int {
-		k := 0
-		for range n {
-			if s.ask("X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-User-Id", user) == 204 {
-				k++
-			}
-		}
-		return k
-	}
+	admitted := func(user string, n int) int { return s.admittedOf(user, n) }
 	s.api("PUT", "/v1/rules/api/identities?user=mallory", `{"limit":2,"burst":2,"reason":"abuse"}`, 200, nil)
 	s.api("PUT", "/v1/rules/api/identities?user=bigco", `{"limit":200,"burst":400,"reason":"plan"}`, 200, nil)
 	reload := func(yaml string) {
@@ -126,4 +88,27 @@ rules:
 	}
 	// Set now, a burst on a window rule is refused, as it always was.
 	s.api("PUT", "/v1/rules/api/identities?user=eve", `{"limit":2,"burst":2}`, 400, nil)
+}
+
+// gcraPerUser is the rule of the identity tests here: 100 an hour per
+// user, a burst of 100.
+const gcraPerUser = `
+rules:
+  - name: api
+    key: [user]
+    algorithm: gcra
+    limit: 100
+    period: 1h
+    burst: 100
+`
+
+// admittedOf asks n times for user and returns how many were admitted.
+func (s *stack) admittedOf(user string, n int) int {
+	k := 0
+	for range n {
+		if s.ask("X-Original-URI", "/x", "X-Real-IP", "192.0.2.1", "X-User-Id", user) == 204 {
+			k++
+		}
+	}
+	return k
 }

@@ -39,29 +39,8 @@ func TestAskLateReplyIsRefunded(t *testing.T) {
 		a, err := rs.Decide(dctx, &limits.Batch{Checks: []limits.Check{fw}}, res[:])
 		return a, res[0], err
 	}
-	nodes, err := c.Topology()
-	if err != nil {
-		t.Fatal(err)
-	}
-	owner, _ := slotOwners(t, c)
-	var src, dst testredis.ClusterNode
-	for _, n := range nodes {
-		switch {
-		case !n.Primary || len(n.Slots) == 0:
-		case n.Addr == owner(slot):
-			src = n
-		case dst.ID == "":
-			dst = n
-		}
-	}
-	do := func(addr string, args ...any) {
-		t.Helper()
-		if _, err := c.Node(addr).Do(args...); err != nil {
-			t.Fatalf("%s %v: %v", addr, args, err)
-		}
-	}
-	do(dst.Addr, "CLUSTER", "SETSLOT", slot, "IMPORTING", src.ID)
-	do(src.Addr, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.ID)
+	m := migrateSlot(t, c, slot)
+	nodes, dst, do := m.nodes, m.dst, m.do
 
 	// A new key in a migrating slot: ASK to the target, which creates it.
 	if a, r, err := decide(time.Second); err != nil || !a || r.Remaining != 9 {

@@ -429,29 +429,8 @@ func TestClusterRedirects(t *testing.T) {
 			t.Fatalf("decide before the move: %v %v", a, err)
 		}
 	}
-	nodes, err := c.Topology()
-	if err != nil {
-		t.Fatal(err)
-	}
-	owner, _ := slotOwners(t, c)
-	var src, dst testredis.ClusterNode
-	for _, n := range nodes {
-		switch {
-		case !n.Primary || len(n.Slots) == 0:
-		case n.Addr == owner(slot):
-			src = n
-		case dst.ID == "":
-			dst = n
-		}
-	}
-	do := func(addr string, args ...any) {
-		t.Helper()
-		if _, err := c.Node(addr).Do(args...); err != nil {
-			t.Fatalf("%s %v: %v", addr, args, err)
-		}
-	}
-	do(dst.Addr, "CLUSTER", "SETSLOT", slot, "IMPORTING", src.ID)
-	do(src.Addr, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.ID)
+	m := migrateSlot(t, c, slot)
+	nodes, src, dst, do := m.nodes, m.src, m.dst, m.do
 
 	// The existing key is still served by the source; a new key in the
 	// slot is sent to the target with ASK.
@@ -464,7 +443,7 @@ func TestClusterRedirects(t *testing.T) {
 	// One key on each side: the script cannot run anywhere (TRYAGAIN).
 	stalls := startStallMeter()
 	start := time.Now()
-	_, _, err = decide(fw, gc)
+	_, _, err := decide(fw, gc)
 	el := time.Since(start)
 	if err == nil {
 		t.Fatal("split two-key script: no error")
@@ -605,4 +584,42 @@ func TestClusterPrimaryDownIsLocal(t *testing.T) {
 	if otherShared < otherTotal*9/10 {
 		t.Errorf("another primary's identity: %d of %d decided by Redis during the outage", otherShared, otherTotal)
 	}
+}
+
+// migration is a slot being moved between two primaries (migrateSlot).
+type migration struct {
+	nodes    []testredis.ClusterNode
+	src, dst testredis.ClusterNode
+	// do runs a command on the node at addr, failing the test on an error.
+	do func(addr string, args ...any)
+}
+
+// migrateSlot starts moving slot from its primary to another (IMPORTING on
+// the target, MIGRATING on the source); the test moves keys and ends it.
+func migrateSlot(t *testing.T, c *testredis.Cluster, slot int) migration {
+	t.Helper()
+	nodes, err := c.Topology()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := slotOwners(t, c)
+	m := migration{nodes: nodes}
+	for _, n := range nodes {
+		switch {
+		case !n.Primary || len(n.Slots) == 0:
+		case n.Addr == owner(slot):
+			m.src = n
+		case m.dst.ID == "":
+			m.dst = n
+		}
+	}
+	m.do = func(addr string, args ...any) {
+		t.Helper()
+		if _, err := c.Node(addr).Do(args...); err != nil {
+			t.Fatalf("%s %v: %v", addr, args, err)
+		}
+	}
+	m.do(m.dst.Addr, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.src.ID)
+	m.do(m.src.Addr, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.dst.ID)
+	return m
 }

@@ -135,7 +135,24 @@ func runAtMostOnce(t *testing.T, rs *Store, px proxySet, stored func(key string)
 		}
 	}
 	px.dropReplies(0)
-	total, twice := 0, 0
+	total, twice := countUnits(t, n, key, stored)
+	t.Logf("%d requests: %d admitted, %d failed (%d replies dropped); %d units stored, %d keys decided twice",
+		n, admitted, failed, px.dropped(), total, twice)
+	if px.dropped() == 0 {
+		t.Fatal("the proxies dropped nothing: the test tested nothing")
+	}
+	if twice > 0 {
+		t.Errorf("%d keys hold 2 or more units: a decision ran again after its reply was lost", twice)
+	}
+	if total > admitted+failed {
+		t.Errorf("%d units stored for %d admitted and %d failed requests: more than one run per request", total, admitted, failed)
+	}
+}
+
+// countUnits reads, with stored, the units of keys key(0) to key(n-1): the
+// total, and how many keys hold more than one (a missing key holds none).
+func countUnits(t *testing.T, n int, key func(int) string, stored func(key string) (int, error)) (total, twice int) {
+	t.Helper()
 	for i := range n {
 		v, err := stored(key(i))
 		if err == redis.Nil {
@@ -149,15 +166,5 @@ func runAtMostOnce(t *testing.T, rs *Store, px proxySet, stored func(key string)
 			twice++
 		}
 	}
-	t.Logf("%d requests: %d admitted, %d failed (%d replies dropped); %d units stored, %d keys decided twice",
-		n, admitted, failed, px.dropped(), total, twice)
-	if px.dropped() == 0 {
-		t.Fatal("the proxies dropped nothing: the test tested nothing")
-	}
-	if twice > 0 {
-		t.Errorf("%d keys hold 2 or more units: a decision ran again after its reply was lost", twice)
-	}
-	if total > admitted+failed {
-		t.Errorf("%d units stored for %d admitted and %d failed requests: more than one run per request", total, admitted, failed)
-	}
+	return total, twice
 }

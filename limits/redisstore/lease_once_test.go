@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/rategate/rategate/limits"
 )
 
@@ -56,20 +54,7 @@ func TestLeaseTakeRunsOnceOnCluster(t *testing.T) {
 		}
 	}
 	px.dropReplies(0)
-	total, twice := 0, 0
-	for i := range n {
-		v, err := fwCount(cc, key(i))
-		if err == redis.Nil {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += v
-		if v > 1 {
-			twice++
-		}
-	}
+	total, twice := countUnits(t, n, key, func(k string) (int, error) { return fwCount(cc, k) })
 	t.Logf("%d takes of 1: %d units granted, %d failed (%d replies dropped); %d units counted in Redis, %d keys counted twice",
 		n, granted, failed, px.dropped(), total, twice)
 	if px.dropped() == 0 {

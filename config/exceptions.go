@@ -190,6 +190,12 @@ func dimensionName(p limits.KeyPart) string {
 // and sets r.Exceptions. The numbers are checked as a runtime override's
 // are, only when the rule itself is valid (its own problems say enough).
 func compileExceptions(d *decoder, rr *rawRule, r *limits.Rule, id Identity) {
+	if rr.Exceptions.ok() && rr.Exceptions.V == nil {
+		// What a file cut midway (a rewrite in place read by -watch) looks
+		// like: taken as none, every block and lower limit would go.
+		d.add(rr.Exceptions.Line, rr.label, "exceptions: has nothing under it; write \"exceptions: []\" for none")
+		return
+	}
 	if !rr.Exceptions.ok() || len(rr.Exceptions.V) == 0 {
 		return
 	}

@@ -116,6 +116,7 @@ func TestExceptionsInvalid(t *testing.T) {
 		{"factor not a number", head + "      - match: {user: a}\n        factor: lots\n", []string{`rules[0] "r": exceptions[0]: factor must be a number such as 1.5, got "lots"`}},
 		{"duplicate", head + "      - match: {user: a}\n        exempt: true\n      - match: {user: a}\n        block: true\n",
 			[]string{`rules[0] "r": exceptions[1]: names the same identity as exceptions[0]`}},
+		{"exceptions with nothing under it", ipHead, []string{`rules[0] "r": exceptions: has nothing under it; write "exceptions: []" for none`}},
 		{"range inside an earlier range", ipHead + "      - match: {ip: 10.0.0.0/8}\n        exempt: true\n      - match: {ip: 10.1.2.0/24}\n        block: true\n",
 			[]string{`rules[0] "r": exceptions[1]: 10.1.2.0/24 lies inside exceptions[0]'s 10.0.0.0/8, which comes first and so always applies instead; put the narrower range first`}},
 		{"ipv6 range inside an earlier range", ipHead + "      - match: {ip: \"2001:db8::/32\"}\n        limit: 5\n      - match: {ip: 10.0.0.0/8}\n        limit: 5\n      - match: {ip: \"2001:db8:7::/48\"}\n        block: true\n",

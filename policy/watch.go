@@ -14,7 +14,10 @@ import (
 
 // watchSettle is how long the watcher waits after the last file event
 // before it reads the file: editors and ConfigMap updates touch several
-// files in a burst.
+// files in a burst. A new content is reloaded once it read the same twice,
+// a settle apart: a tool rewriting the file in place, caught between two
+// writes, would otherwise be reloaded with a file cut short (which can be
+// a valid, more generous policy: "cost: 10" cut to "cost: 1").
 const watchSettle = 100 * time.Millisecond
 
 // Watch calls reload whenever the content of the config file at path
@@ -55,6 +58,7 @@ func Watch(ctx context.Context, path string, log zerolog.Logger, reload func()) 
 		return fmt.Errorf("watch %s: %w", path, err)
 	}
 	last, _ := fileHash(abs)
+	var pending [32]byte // a new content read once, not yet reloaded
 	go func() {
 		defer w.Close()
 		settle := time.NewTimer(time.Hour)
@@ -81,6 +85,13 @@ func Watch(ctx context.Context, path string, log zerolog.Logger, reload func()) 
 				h, err := fileHash(abs)
 				if err != nil || h == last {
 					// Mid-replace (absent) or unchanged: wait for the next event.
+					continue
+				}
+				if h != pending {
+					// Read once: read it again a settle later, and reload
+					// only what stayed.
+					pending = h
+					settle.Reset(watchSettle)
 					continue
 				}
 				last = h

@@ -20,6 +20,8 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 		ctx.SetConnectionClose()
 		return
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "cannot read the request: "+err.Error(), nil)
+	// Not err's text: fasthttp quotes the offending header value in some
+	// errors, and the request's Authorization header is one of them.
+	writeError(ctx, fasthttp.StatusBadRequest, "cannot read the request: not valid HTTP (a bad request line, header line or Content-Length)", nil)
 	ctx.SetConnectionClose()
 }

@@ -326,10 +326,14 @@ func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
 
 // lowers reports whether n gives r's identity no more than r does: a
 // limit no higher, at a rate no higher (a limit of 90 a second lowers
-// neither 100 an hour nor its rate), after the factor.
+// neither 100 an hour nor its rate), after the factor, and where r has a
+// burst, a burst no higher.
 func (n numbers) lowers(r *limits.Rule) bool {
 	if n.limit == 0 && n.period == 0 && n.factor == 0 {
 		return false // a burst alone: not a lower limit
+	}
+	if r.Algorithm.UsesBurst() && n.burst > r.Burst {
+		return false
 	}
 	limit, period := float64(r.Limit), float64(r.Period)
 	if n.limit > 0 {

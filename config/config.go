@@ -24,6 +24,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 
@@ -244,6 +245,20 @@ func Parse(name string, data []byte) (*Config, error) {
 // document parses data into its root node; nil for an empty document or a
 // syntax error (reported).
 func (d *decoder) document(data []byte) *yaml.Node {
+	if !utf8.Valid(data) {
+		// The YAML decoder says "invalid leading UTF-8 octet", nowhere.
+		i := 0
+		for i < len(data) {
+			r, n := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			i += n
+		}
+		line := 1 + bytes.Count(data[:i], []byte{'\n'})
+		d.add(line, "", "line %d: byte 0x%02X is not UTF-8 (a character pasted in another encoding?): write the file in UTF-8", line, data[i])
+		return nil
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {

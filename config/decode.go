@@ -747,7 +747,7 @@ func ParseDuration(s string) (time.Duration, error) {
 	}
 	days, err := strconv.Atoi(m[1])
 	if err != nil || days > maxDays {
-		return 0, fmt.Errorf("%q is too long (at most %dd)", s, maxDays)
+		return 0, fmt.Errorf("%q is too long: no period, ttl or other duration rategate takes is over %s", s, FormatDuration(maxSpan))
 	}
 	d := time.Duration(days) * 24 * time.Hour
 	if m[2] == "" {

@@ -405,6 +405,15 @@ func (m *Manager) syncAdaptive(ctx context.Context) error {
 	}
 	raw, err := m.adaptive.store.Load(ctx)
 	if err != nil {
+		// The decisions in force stay, but not once stale: one nobody
+		// refreshed in time is no longer applied, whether or not the
+		// store answers (a raise would otherwise outlive it while Redis
+		// is down).
+		m.mu.Lock()
+		if m.adaptiveNeedsApply(m.now()) {
+			m.apply()
+		}
+		m.mu.Unlock()
 		return err
 	}
 	m.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -707,5 +708,60 @@ func TestAdaptiveReload(t *testing.T) {
 	waitLimit(t, 3*time.Second, 20, in) // a new controller follows the signal again
 	if !leading() {
 		t.Error("no controller leads after the block came back")
+	}
+}
+
+// unreadableAdaptive is an adaptive store whose records cannot be read
+// while down is set (Redis gone).
+type unreadableAdaptive struct {
+	AdaptiveStore
+	down bool
+}
+
+func (u *unreadableAdaptive) Load(ctx context.Context) (map[string]string, error) {
+	if u.down {
+		return nil, errors.New("connection refused")
+	}
+	return u.AdaptiveStore.Load(ctx)
+}
+
+// TestAdaptiveStaleWhileTheStoreIsDown: while the records cannot be read,
+// the decision in force stays, but not past the time it goes stale: a
+// raise nobody refreshes ends then, as it does when the store answers.
+func TestAdaptiveStaleWhileTheStoreIsDown(t *testing.T) {
+	ctx := context.Background()
+	shared := NewMemoryAdaptive()
+	store := &unreadableAdaptive{AdaptiveStore: shared}
+	cfg := fastConfig(t, "http://127.0.0.1:1/unused", time.Second)
+	in := newInstance(t, cfg, NewMemoryOverrides(), store, "me", nil)
+	clock := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	in.m.mu.Lock()
+	in.m.now = func() time.Time { return clock }
+	in.m.mu.Unlock()
+	if ok, err := shared.Lead(ctx, "api", "leader-x", time.Minute); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	b, _ := json.Marshal(AdaptiveRecord{Factor: 2, Reason: AdaptiveReason, Step: -1, SetBy: "leader-x", SetAt: clock})
+	if ok, err := shared.Write(ctx, "api", "leader-x", string(b), true); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := in.m.syncAdaptive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := in.limit(); got != 20 {
+		t.Fatalf("limit %d, want 20 (x2)", got)
+	}
+	store.down = true
+	clock = clock.Add(time.Second)
+	if err := in.m.syncAdaptive(ctx); err == nil {
+		t.Fatal("no error from an unreadable store")
+	}
+	if got := in.limit(); got != 20 {
+		t.Fatalf("store down, decision fresh: limit %d, want the 20 in force", got)
+	}
+	clock = clock.Add(staleAfter(cfg.Rules[0].Adaptive))
+	_ = in.m.syncAdaptive(ctx)
+	if got := in.limit(); got != 10 {
+		t.Fatalf("store down, decision stale: limit %d, want the file's 10", got)
 	}
 }

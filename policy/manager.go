@@ -172,6 +172,15 @@ func (m *Manager) Sync(ctx context.Context) error {
 		if m.metrics != nil {
 			m.metrics.OverrideSyncFailed()
 		}
+		// The overrides in force stay, but not past their ttl: one that
+		// ended is no longer in force, whether or not the store answers
+		// (an incident's 10x would otherwise outlive it while Redis is
+		// down, and the local fallback would admit it).
+		m.mu.Lock()
+		if !m.nextExp.IsZero() && !m.now().Before(m.nextExp) {
+			m.apply()
+		}
+		m.mu.Unlock()
 		return err
 	}
 	m.mu.Lock()
@@ -211,21 +220,23 @@ func (m *Manager) Sync(ctx context.Context) error {
 	return nil
 }
 
-// retireExpired deletes expired overrides from the store. Every instance
-// may do it; deleting twice is harmless.
+// retireExpired deletes expired overrides from the store, each only while
+// the store still holds the expired value: another instance may have set
+// a new one since this one last read. Every instance may do it; deleting
+// twice is harmless.
 func (m *Manager) retireExpired(ctx context.Context) {
 	now := m.now()
-	var gone []string
+	gone := map[string]string{}
 	m.mu.Lock()
 	for name, o := range m.ovs {
 		if o.expired(now) {
-			gone = append(gone, name)
+			gone[name] = m.raw[name]
 		}
 	}
 	m.mu.Unlock()
-	for _, name := range gone {
+	for name, value := range gone {
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		if err := m.store.Delete(dctx, name); err == nil {
+		if err := m.store.Retire(dctx, name, value); err == nil {
 			m.log.Info().Str("rule", name).Msg("runtime override expired; the file's values apply again")
 		}
 		cancel()

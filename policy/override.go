@@ -339,6 +339,10 @@ type OverrideStore interface {
 	Set(ctx context.Context, rule, value string) error
 	// Delete removes one override and tells the other instances.
 	Delete(ctx context.Context, rule string) error
+	// Retire removes one override only while it is still value (an
+	// expired one: never a newer one another instance set since) and
+	// tells the other instances when it did.
+	Retire(ctx context.Context, rule, value string) error
 	// Watch returns a channel that receives whenever another instance may
 	// have changed the overrides, until ctx ends; nil when the store has no
 	// other instances to hear from.
@@ -379,6 +383,16 @@ func (s *MemoryOverrides) Set(_ context.Context, rule, value string) error {
 func (s *MemoryOverrides) Delete(_ context.Context, rule string) error {
 	s.mu.Lock()
 	delete(s.m, rule)
+	s.mu.Unlock()
+	return nil
+}
+
+// Retire implements OverrideStore.
+func (s *MemoryOverrides) Retire(_ context.Context, rule, value string) error {
+	s.mu.Lock()
+	if s.m[rule] == value {
+		delete(s.m, rule)
+	}
 	s.mu.Unlock()
 	return nil
 }

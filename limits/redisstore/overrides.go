@@ -51,6 +51,25 @@ func (s *Overrides) Delete(ctx context.Context, rule string) error {
 	return nil
 }
 
+// retireScript deletes field ARGV[1] of hash KEYS[1] only while it holds
+// ARGV[2], and then announces it on the channel of the hash's name: 1 when
+// it did.
+var retireScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+`)
+
+// Retire implements policy.OverrideStore: one script, so that an override
+// renewed by another instance between the read and the delete stays.
+func (s *Overrides) Retire(ctx context.Context, rule, value string) error {
+	if err := retireScript.Run(ctx, s.client, []string{s.key}, rule, value).Err(); err != nil {
+		return fmt.Errorf("retire override from %s: %w", s.key, err)
+	}
+	return nil
+}
+
 // Watch implements policy.OverrideStore with SUBSCRIBE; go-redis resubscribes by
 // itself after a reconnect.
 func (s *Overrides) Watch(ctx context.Context) <-chan struct{} {

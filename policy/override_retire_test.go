@@ -12,17 +12,14 @@ import (
 	"github.com/rategate/rategate/limits/memstore"
 )
 
-// TestProbeGRetireDeletesARenewedOverride: two instances share the
-// overrides (one store, as the Redis hash is). A strict incident override
-// (limit 1, ttl 1s) ends; an operator renews it on instance A at once
-// (limit 1, ttl 1h). Instance B last read the store before the renewal
-// (its re-read and its retirement of expired overrides are two steps of
-// one tick: a renewal between them is enough) and retires the expired
-// override by rule name: HDEL of whatever is stored, the renewal included.
-// Identity overrides retire "only the value that expired, never a newer
-// one" (docs/identities.md); a rule override's renewal is lost, and every
-// instance goes back to the file's limit 100.
-func TestProbeGRetireDeletesARenewedOverride(t *testing.T) {
+// TestRetireKeepsARenewedOverride: two instances share the overrides (one
+// store, as the Redis hash is). A strict incident override (limit 1, ttl
+// 1s) ends and an operator renews it on instance A at once (limit 1, ttl
+// 1h). Instance B, whose last read came before the renewal, retires the
+// expired override: it deleted whatever the rule's field held, the renewal
+// with it, and every instance went back to the file's 100. An override is
+// now retired only while the store still holds the expired value.
+func TestRetireKeepsARenewedOverride(t *testing.T) {
 	cfg, err := config.Parse("t.yaml", []byte(`rules:
   - {name: r, key: [ip], algorithm: fixed_window, limit: 100, period: 1m}
 `))

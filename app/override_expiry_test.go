@@ -10,13 +10,12 @@ import (
 	"github.com/rategate/rategate/internal/testredis"
 )
 
-// TestProbeGOverrideTTLEndsWhileRedisIsDown: docs/operations.md says a rule
-// override's "ttl" makes it end by itself. With Redis unreachable and
-// failure_mode local, the local fallback decides with the rules in force:
-// an override that raised the limit tenfold for one second must stop
-// applying after that second, Redis or not (identity overrides do: their
-// expiry is checked per request).
-func TestProbeGOverrideTTLEndsWhileRedisIsDown(t *testing.T) {
+// TestOverrideTTLEndsWhileRedisIsDown: a rule override's "ttl" ends it by
+// itself, Redis or not. With Redis unreachable and failure_mode local, the
+// local fallback decides with the rules in force; an override that raised
+// the limit tenfold for a second kept applying after it (the expiry was
+// applied only after a successful read of the overrides).
+func TestOverrideTTLEndsWhileRedisIsDown(t *testing.T) {
 	srv := testredis.StartControlled(t)
 	cfg, err := config.Parse("test.yaml", []byte(`failure_mode: local
 rules:

@@ -320,6 +320,11 @@ func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
 	if err != nil {
 		return nil, false
 	}
+	// Judged again as it comes out: a factor is rounded, and never below
+	// 1 (0.2 of 3 a quarter hour is 1 a quarter hour, 4 an hour).
+	if !(numbers{limit: applied.Limit, period: applied.Period, burst: applied.Burst}).lowers(ri.base) {
+		return nil, false
+	}
 	applied.Cost = ri.base.Cost
 	return applied, true
 }

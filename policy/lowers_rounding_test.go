@@ -7,17 +7,14 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// TestStrictFitNeverRaisesTheRate: lowers judges an override's numbers
-// before Apply rounds them, and Apply makes a scaled limit at least 1. On a
-// rule of 3 an hour (a password reset, say), an identity override of a
-// fifth of it per 15 minutes (factor 0.2, period 15m: 0.6 per 15m, "2.4 an
-// hour") passes lowers, and strictFit keeps it as 1 per 15 minutes: 4 an
-// hour, above the rule's 3, where the override no longer fits the rule
-// (here: the rule became a fixed window, the override had a burst) and
-// is meant to be dropped for the rule's own numbers (set on gcra 3 an
-// hour, burst 3, as {"period":"15m","factor":0.2,"burst":1}; reloaded as
-// fixed_window 3 an hour). The tinier the factor and
-// period, the wider: factor 0.0001 per 1s on 1 an hour keeps 1 a second.
+// TestStrictFitNeverRaisesTheRate: lowers judged an override's numbers
+// before Apply rounded them, and Apply makes a scaled limit at least 1. On
+// a rule of 3 an hour, an identity override of a fifth of it per 15
+// minutes (0.6 per 15m, "2.4 an hour") passed, and strictFit kept it as 1
+// per 15 minutes: 4 an hour, above the rule's 3, where the override no
+// longer fitted the rule and was meant to be dropped for the rule's own
+// numbers; factor 0.0001 per 1s on 1 an hour kept 1 a second. The numbers
+// are judged again as they come out.
 func TestStrictFitNeverRaisesTheRate(t *testing.T) {
 	for _, c := range []struct {
 		base *limits.Rule

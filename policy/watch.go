@@ -84,7 +84,10 @@ func Watch(ctx context.Context, path string, log zerolog.Logger, reload func()) 
 				}
 				h, err := fileHash(abs)
 				if err != nil || h == last {
-					// Mid-replace (absent) or unchanged: wait for the next event.
+					// Mid-replace (absent) or unchanged: wait for the next
+					// event. What was read once before counts no more: a
+					// content must read the same twice in a row.
+					pending = [32]byte{}
 					continue
 				}
 				if h != pending {
@@ -94,7 +97,7 @@ func Watch(ctx context.Context, path string, log zerolog.Logger, reload func()) 
 					settle.Reset(watchSettle)
 					continue
 				}
-				last = h
+				last, pending = h, [32]byte{}
 				log.Info().Str("config", path).Msg("config file changed; reloading")
 				reload()
 			}

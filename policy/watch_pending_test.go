@@ -14,10 +14,10 @@ import (
 // TestWatchForgetsACutReadOnce: a tool that rewrites the config in place
 // with the same content (a config-management run, every run) is caught
 // midway by the first rewrite: the cut is read once and, the write going on
-// within a settle, never reloaded. The watcher keeps that cut as "read
-// once" though, and when the next rewrite is caught at the same point, a
-// single read of the cut matches it and is reloaded: "cost: 10" read as
-// "cost: 1", what the double read was meant to prevent.
+// within a settle, never reloaded. The watcher kept that cut as "read
+// once", and when the next rewrite was caught at the same point, a single
+// read of the cut matched it and was reloaded ("cost: 10" read as "cost:
+// 1"). A content now reloads only when read the same twice in a row.
 func TestWatchForgetsACutReadOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rategate.yaml")
 	const full = "rules:\n  - name: api\n    key: [ip]\n    algorithm: gcra\n    limit: 100\n    period: 1h\n    cost: 10\n"

@@ -125,4 +125,3 @@ func TestShadowBlockBeforeLeasedRuleDoesNotPanic(t *testing.T) {
 		t.Fatalf("first request: admitted=%v err=%v, want admitted", d.Admitted, err)
 	}
 }
-

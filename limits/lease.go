@@ -918,7 +918,9 @@ func (lt *leaseTable) prefetchNow(l *Limiter, e *leaseEntry, nowUS int64) {
 
 // leaseScratch is a Decision's room for its leased checks.
 type leaseScratch struct {
-	// idx are the indices (in Verdicts and batch.Checks) of leased checks.
+	// idx are the indices in batch.Checks (and res) of leased checks: not
+	// of Verdicts, where a shadow rule's block has a verdict and no check
+	// (verdictOf).
 	idx       []int
 	spent     []leaseSpend
 	shared    Batch
@@ -942,6 +944,21 @@ func (s *leaseScratch) giveBack() {
 	s.spent = s.spent[:0]
 }
 
+// verdictOf returns the index in d.Verdicts of check i of d.batch: a
+// shadow rule's block has a verdict and no check.
+func (d *Decision) verdictOf(i int) int {
+	for j := range d.Verdicts {
+		if d.Verdicts[j].Rule.Identity == IdentityBlock {
+			continue
+		}
+		if i == 0 {
+			return j
+		}
+		i--
+	}
+	panic("limits: a check without its verdict")
+}
+
 // notAsked is the result of a rule a denied request did not ask: its full
 // quota, as the deny cache reports such a rule (nothing was consumed).
 func notAsked(r *Rule) Result { return Result{Allowed: true, Remaining: capacity(r)} }
@@ -959,7 +976,7 @@ func (l *Limiter) decideLeased(ctx context.Context, d *Decision, nowUS int64) (a
 	next := 0
 	for ; next < len(s.idx); next++ {
 		i := s.idx[next]
-		v := &d.Verdicts[i]
+		v := &d.Verdicts[d.verdictOf(i)]
 		out := lt.acquire(ctx, l, v.Key, v.Rule, v.Cost, now, nowUS)
 		if out.err != nil {
 			// The store could not lease: the whole request is decided as
@@ -994,10 +1011,10 @@ func (l *Limiter) decideLeased(ctx context.Context, d *Decision, nowUS int64) (a
 		// Nothing else is asked: a denied request consumes nothing.
 		s.giveBack()
 		for _, i := range s.idx[next:] {
-			d.res[i] = notAsked(d.Verdicts[i].Rule)
+			d.res[i] = notAsked(d.Verdicts[d.verdictOf(i)].Rule)
 		}
 		for _, i := range s.sharedIdx {
-			d.res[i] = notAsked(d.Verdicts[i].Rule)
+			d.res[i] = notAsked(d.Verdicts[d.verdictOf(i)].Rule)
 		}
 		return false, true, nil
 	}

@@ -430,7 +430,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS i
 		d.Verdicts = append(d.Verdicts, Verdict{Rule: r, Key: key, Cost: cost})
 		d.batch.Checks = append(d.batch.Checks, r.Check(key, cost))
 		if leased {
-			d.lease.idx = append(d.lease.idx, len(d.Verdicts)-1)
+			d.lease.idx = append(d.lease.idx, len(d.batch.Checks)-1)
 		}
 	}
 	if blocked >= 0 {

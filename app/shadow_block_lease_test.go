@@ -29,7 +29,10 @@ func counterValue(a *App, series string) float64 {
 // A shadow rule's block only reports (docs/identities.md: "A shadow rule's
 // block only reports (shadow_limited), as a shadow rule does"). With a
 // leased rule after it, the block's verdict (which has no store check)
-// shifts decideLeased's verdict indexes against the check indexes.
+// shifted decideLeased's verdict indexes against the check indexes: the
+// rule after the leased one was never asked (3 of 3 admitted at 1 an
+// hour), or, the leased rule last, Decide panicked and took the process
+// down.
 const shadowBlockThenLeased = `
 rules:
   - name: watch

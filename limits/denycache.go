@@ -306,14 +306,23 @@ func (c *DenyCache) putDecision(gen uint64, d *Decision, now, after int64, exact
 
 // lastSeen returns what the entry recorded of rule r's result, aged to
 // now; a rule it did not see reports its full quota (it was not asked,
-// and a denied request consumes nothing).
+// and a denied request consumes nothing). A shadow rule that would have
+// denied still would until its retry time, as the store would say: its
+// shadow_limited count and log line must not depend on the cache.
 func (e *denyEntry) lastSeen(r *Rule, now int64) Result {
 	for _, o := range e.others {
 		if o.rule == r {
 			res := o.result
+			elapsed := now - e.at
+			res.ResetUS = max(res.ResetUS-elapsed, 0)
+			if r.Shadow && !res.Allowed && (res.RetryUS == NeverFits || res.RetryUS > elapsed) {
+				if res.RetryUS != NeverFits {
+					res.RetryUS -= elapsed
+				}
+				return res
+			}
 			res.Allowed = true
 			res.RetryUS = 0
-			res.ResetUS = max(res.ResetUS-(now-e.at), 0)
 			return res
 		}
 	}

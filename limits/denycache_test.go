@@ -212,10 +212,11 @@ func dcTimeline(t *testing.T, rng *rand.Rand, s dcStore, prefix string, rules []
 			// Every matching rule is listed (the headers name them all):
 			// the others as allowing (they were not asked), or as cached
 			// denials of their own whose quota returns no later than the
-			// denier's (the answer names the latest, as the store's does).
+			// denier's (the answer names the latest, as the store's does);
+			// a shadow rule as the store last saw it (it only reports).
 			for i, v := range d.Verdicts {
-				if i != d.Denier && !v.Result.Allowed &&
-					(v.Rule.Shadow || v.Result.RetryUS == 0 || limits.RetryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS)) {
+				if i != d.Denier && !v.Result.Allowed && !v.Rule.Shadow &&
+					(v.Result.RetryUS == 0 || limits.RetryLater(v.Result.RetryUS, d.Verdicts[d.Denier].Result.RetryUS)) {
 					fail("cached decision: rule %q not the denier, not allowing, and not an earlier cached denial: %+v", v.Rule.Name, d)
 				}
 			}

@@ -7,10 +7,12 @@ import (
 
 // Shadow rules "are evaluated on every matching request" and show up as
 // shadow_limited (docs/operations.md, "Shadow rules"). A request the deny
-// cache answers counts every other matching rule as allowed, so a shadow
-// rule that would deny (its 1 an hour long spent) is counted allowed:
-// the same traffic gives other shadow numbers with the deny cache on
-// (single Redis, Sentinel) than off (Cluster, deny_cache.enabled: false).
+// cache answered counted every other matching rule as allowed, so a shadow
+// rule that would deny (its 1 an hour long spent) was counted allowed: the
+// same traffic gave other shadow numbers with the deny cache on (single
+// Redis, Sentinel) than off (Cluster, deny_cache.enabled: false). A cached
+// answer now reports a shadow rule as the store last saw it, until its
+// retry time.
 const shadowBesideCachedDenial = `
 deny_cache: {enabled: %v}
 rules:

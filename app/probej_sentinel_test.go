@@ -156,3 +156,68 @@ func TestProbeJSentinelLaggedFailoverLosesNewIdentityBlock(t *testing.T) {
 		t.Fatalf("3 s after the change, Redis stores blocks %v (counter %s), but:\n  %s", stored, ver, strings.Join(problems, "\n  "))
 	}
 }
+
+// TestProbeJSentinelPrimaryRestartedEmptyLosesNewIdentityBlock: the
+// Sentinel primary is killed and restarted empty before the sentinels fail
+// it over (within down-after-milliseconds); the replica resyncs from it and
+// the whole deployment is empty. The epoch marker notices, but the identity
+// overrides' change counter restarts from 0, and the first block made after
+// the restart gets number 1 again: the number every instance has applied
+// already (the block before the restart). It is taken for applied on every
+// instance, including the one that made it, and never applies.
+func TestProbeJSentinelPrimaryRestartedEmptyLosesNewIdentityBlock(t *testing.T) {
+	s := testredis.StartSentinel(t)
+	prefix := uniquePrefix(t)
+	a := newProbeJSentinelInstance(t, s, prefix)
+	b := newProbeJSentinelInstance(t, s, prefix)
+	put := func(in *probeJInstance, user string) (int, string) {
+		return call(t, in.admin, "PUT", "/v1/rules/api/identities?user="+user, `{"block":true}`)
+	}
+	if code, body := put(a, "u1"); code != 200 {
+		t.Fatalf("PUT u1: %d %s", code, body)
+	}
+	within(t, 5*time.Second, "B blocks u1", func() error {
+		if b.admitted("u1") {
+			return fmt.Errorf("u1 admitted")
+		}
+		return nil
+	})
+	time.Sleep(1500 * time.Millisecond) // the epoch marker has been read
+	primary := s.Servers[0]
+	primary.Stop()
+	primary.Restart(t)
+	restarted := time.Now()
+	var code int
+	var body string
+	for time.Since(restarted) < 20*time.Second {
+		if code, body = put(a, "u2"); code == 200 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code != 200 {
+		t.Fatalf("PUT u2 never succeeded: %d %s", code, body)
+	}
+	t.Logf("PUT u2 answered 200 %v after the restart", time.Since(restarted).Round(time.Millisecond))
+	pc := primary.Client(t)
+	ctx := testredis.Ctx(t)
+	stored, _ := pc.HKeys(ctx, prefix+":{identities}").Result()
+	ver, _ := pc.Get(ctx, prefix+":{identities}:version").Result()
+	if addr, _ := s.PrimaryAddr(); addr != primary.Addr {
+		t.Skipf("the sentinels failed over to %s: not the scenario", addr)
+	}
+	t.Logf("primary %s after the restart: counter %s, stored %v", primary.Addr, ver, stored)
+	time.Sleep(3 * time.Second) // several counter checks, epoch checks, resubscriptions
+	var problems []string
+	for _, in := range []struct {
+		name string
+		in   *probeJInstance
+	}{{"A (made the change)", a}, {"B", b}} {
+		if in.in.admitted("u2") {
+			problems = append(problems, fmt.Sprintf("instance %s admits u2, blocked in Redis (version %d applied here)", in.name, in.in.app.Rules().Identities().Version()))
+		}
+	}
+	if len(problems) > 0 {
+		t.Fatalf("3 s after the change, Redis stores blocks %v (counter %s), but:\n  %s", stored, ver, strings.Join(problems, "\n  "))
+	}
+}

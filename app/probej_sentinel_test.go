@@ -221,3 +221,94 @@ func TestProbeJSentinelPrimaryRestartedEmptyLosesNewIdentityBlock(t *testing.T) 
 		t.Fatalf("3 s after the change, Redis stores blocks %v (counter %s), but:\n  %s", stored, ver, strings.Join(problems, "\n  "))
 	}
 }
+
+const probeJDenyYAML = `rules:
+  - name: per-user
+    key: [user]
+    algorithm: fixed_window
+    limit: 1
+    period: 1h
+`
+
+// TestProbeJSentinelFailoverResetMissedWhileOldPrimaryLives: after a
+// planned SENTINEL FAILOVER the client follows the new primary for its
+// commands, but its pub/sub connections (go-redis keeps them in a pool of
+// their own, which its failover handler does not close) stay on the old
+// primary. Until the sentinels get round to demoting that server (seconds
+// later), it is a primary of its own: what is published on the new primary
+// never reaches it. A key reset made through instance A right after the
+// switch must still make instance B forget its cached denial (the resets
+// channel: docs/operations.md, Resets).
+func TestProbeJSentinelFailoverResetMissedWhileOldPrimaryLives(t *testing.T) {
+	s := testredis.StartSentinel(t)
+	prefix := uniquePrefix(t)
+	mk := func() *probeJInstance {
+		cfg, err := config.Parse("test.yaml", []byte(probeJDenyYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Redis.Sentinel = config.Sentinel{Master: s.Master, Addrs: s.Addrs()}
+		cfg.Redis.KeyPrefix = prefix
+		a, err := New(cfg, Options{Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Close)
+		resetsReady(t, a)
+		return &probeJInstance{app: a, admin: serveOn(t, a.AdminHandler())}
+	}
+	a, b := mk(), mk()
+	dec := func(in *probeJInstance, user string) limits.Decision {
+		var d limits.Decision
+		_ = in.app.Limiter().Decide(context.Background(), &limits.Request{User: []byte(user)}, &d)
+		return d
+	}
+	old := s.Servers[0].Addr
+	if _, err := s.Sentinels[0].Do("SENTINEL", "FAILOVER", s.Master); err != nil {
+		t.Fatal(err)
+	}
+	promoted, err := s.WaitPrimary(old, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// both instances decide on the new primary again
+	n := 0
+	for _, in := range []*probeJInstance{a, b} {
+		within(t, 10*time.Second, "decides on Redis", func() error {
+			n++
+			if d := dec(in, fmt.Sprintf("probe-%d", n)); d.Local || !d.Admitted {
+				return fmt.Errorf("local=%v admitted=%v", d.Local, d.Admitted)
+			}
+			return nil
+		})
+	}
+	dec(b, "carol")
+	if d := dec(b, "carol"); d.Admitted || d.Local {
+		t.Fatalf("carol's second request: admitted=%v local=%v", d.Admitted, d.Local)
+	}
+	if d := dec(b, "carol"); !d.Cached {
+		t.Fatal("B did not cache carol's denial")
+	}
+	role, _ := s.Server(old).Do("ROLE")
+	t.Logf("new primary %s; the old primary %s answers ROLE %.40s", promoted, old, role)
+	if code, body := call(t, a.admin, "DELETE", "/v1/keys/per-user?user=carol", ""); code != 200 {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+	if d := dec(a, "carol"); !d.Admitted {
+		t.Fatalf("A after the reset: admitted=%v", d.Admitted)
+	}
+	reset := time.Now()
+	var stillCached time.Duration
+	for time.Since(reset) < 20*time.Second {
+		if d := dec(b, "carol"); !d.Cached {
+			break
+		}
+		stillCached = time.Since(reset)
+		time.Sleep(20 * time.Millisecond)
+	}
+	role, _ = s.Server(old).Do("ROLE")
+	t.Logf("B answered carol from its cache for %v after the reset; the old primary now answers ROLE %.40s", stillCached.Round(time.Millisecond), role)
+	if stillCached > time.Second {
+		t.Fatalf("a key reset made through A after the failover did not reach B: B kept denying carol from its deny cache for %v (a reset reaches every instance at once through pub/sub otherwise)", stillCached.Round(time.Millisecond))
+	}
+}

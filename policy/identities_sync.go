@@ -57,7 +57,13 @@ type Identities struct {
 	total    int
 	version  uint64
 	advanced chan struct{} // closed when version moves
-	nextExp  int64         // earliest ExpiresAt in µs among stored; 0 none
+	// last is the change applied as version, when it was applied one by
+	// one (its Version 0 after a full read): a change heard again under
+	// the same number but another content means the store's counter went
+	// back (its data lost, a failover to a replica that missed changes)
+	// and numbers repeat, so everything is read again.
+	last    limits.IdentityChange
+	nextExp int64 // earliest ExpiresAt in µs among stored; 0 none
 }
 
 // storedIdentity is one stored runtime override, compact: 100,000 of them
@@ -560,6 +566,7 @@ func (x *Identities) loadAll(v uint64, all map[string]map[string]string) {
 		}
 	}
 	x.setVersion(v)
+	x.last = limits.IdentityChange{}
 }
 
 // Load reads every stored override and applies them (a full read).
@@ -630,15 +637,23 @@ func (x *Identities) Run(ctx context.Context) {
 // gap or a resubscription, whatever a version check finds missing.
 func (x *Identities) heard(ctx context.Context, c limits.IdentityChange, events <-chan limits.IdentityChange) error {
 	if c.Resync {
-		return x.check(ctx, events)
+		// A new subscription may have missed announcements, and the
+		// counter alone cannot tell: a failover to a replica that missed
+		// changes repeats their numbers for other changes. Read them all.
+		return x.full(ctx)
 	}
 	x.mu.Lock()
 	switch {
+	case c.Version == x.version && x.last.Version == c.Version && (x.last.Rule != c.Rule || x.last.ID != c.ID || x.last.Value != c.Value):
+		x.mu.Unlock()
+		x.log.Warn().Uint64("version", c.Version).Msg("an identity override change reuses the number of another: the store's counter went back (data lost, or a failover to a replica that missed changes); reading them all")
+		return x.full(ctx)
 	case c.Version <= x.version:
 		// Already applied: a full read covered it.
 	case c.Version == x.version+1:
 		x.change(c.Rule, c.ID, c.Value)
 		x.setVersion(c.Version)
+		x.last = c
 	default:
 		x.mu.Unlock()
 		x.log.Info().Uint64("heard", c.Version).Msg("an identity override change was missed; reading them all")
@@ -700,6 +715,16 @@ func (x *Identities) await(ctx context.Context, events <-chan limits.IdentityCha
 		}
 	}
 	return true
+}
+
+// Resync reads every stored override again: what the store lost (its
+// data, a failover to a replica that missed changes) may have gone with
+// changes applied here, and its counter may repeat their numbers.
+func (x *Identities) Resync(ctx context.Context) error {
+	if !x.store.Shared() {
+		return nil
+	}
+	return x.full(ctx)
 }
 
 // full is a bounded full read.
@@ -808,6 +833,17 @@ func (x *Identities) settle(ctx context.Context, v uint64, rule, id, value strin
 		x.mu.Unlock()
 		return
 	}
+	x.mu.Lock()
+	if x.version == v && !(x.last.Version == v && x.last.Rule == rule && x.last.ID == id && x.last.Value == value) {
+		// The number this instance applied last, for something else:
+		// the store's counter went back (heard); read everything.
+		x.mu.Unlock()
+		if err := x.full(ctx); err != nil {
+			x.log.Warn().Err(err).Msg("identity override change numbered as an earlier one (the store's counter went back), and they cannot be read again yet")
+		}
+		return
+	}
+	x.mu.Unlock()
 	wctx, cancel := context.WithTimeout(ctx, settleWait)
 	defer cancel()
 	for {

@@ -51,19 +51,19 @@ func (in *probeJInstance) admitted(user string) bool {
 	return d.Admitted
 }
 
-// TestProbeJSentinelLaggedFailoverLosesNewIdentityBlock: a Sentinel failover
+// TestSentinelLaggedFailoverKeepsANewIdentityBlock: a Sentinel failover
 // to a replica that lagged loses the last identity override change (the
 // documented "a failover can lose the last writes"), so the change counter
 // <prefix>:{identities}:version goes back by one on the new primary. The
 // next change made after the failover (an operator's block, retried until
 // Redis answers again) gets the number the lost change had. Every instance
-// has already applied that number, so the announcement is taken for
-// "already applied", the instance that made the change does not apply it
-// either (settle sees its version reached), and the 500 ms counter check
-// finds the counter equal to what it applied: the new block never applies
-// anywhere, while the lost block keeps applying on every instance although
-// Redis no longer holds it.
-func TestProbeJSentinelLaggedFailoverLosesNewIdentityBlock(t *testing.T) {
+// had applied that number, so the announcement was taken for "already
+// applied", the instance that made the change did not apply it either
+// (settle saw its version reached), and the 500 ms counter check found the
+// counter equal: the new block never applied anywhere, while the lost one
+// kept applying. A change heard under the number of another now makes an
+// instance read them all.
+func TestSentinelLaggedFailoverKeepsANewIdentityBlock(t *testing.T) {
 	s := testredis.StartSentinel(t)
 	prefix := uniquePrefix(t)
 	a := newProbeJSentinelInstance(t, s, prefix)
@@ -131,7 +131,7 @@ func TestProbeJSentinelLaggedFailoverLosesNewIdentityBlock(t *testing.T) {
 	nc := s.Server(promoted).Client(t)
 	hash, counter := prefix+":{identities}", prefix+":{identities}:version"
 	if v, _ := nc.HExists(ctx, hash, "api u2").Result(); v {
-		t.Skip("the replica was not held back: u2's change reached it (no write lost)")
+		t.Fatal("the replica was not held back: u2's change reached it (no write lost), the test tested nothing")
 	}
 	ver, _ := nc.Get(ctx, counter).Result()
 	stored, _ := nc.HKeys(ctx, hash).Result()
@@ -157,15 +157,17 @@ func TestProbeJSentinelLaggedFailoverLosesNewIdentityBlock(t *testing.T) {
 	}
 }
 
-// TestProbeJSentinelPrimaryRestartedEmptyLosesNewIdentityBlock: the
+// TestSentinelPrimaryRestartedEmptyKeepsANewIdentityBlock: the
 // Sentinel primary is killed and restarted empty before the sentinels fail
 // it over (within down-after-milliseconds); the replica resyncs from it and
 // the whole deployment is empty. The epoch marker notices, but the identity
 // overrides' change counter restarts from 0, and the first block made after
-// the restart gets number 1 again: the number every instance has applied
-// already (the block before the restart). It is taken for applied on every
-// instance, including the one that made it, and never applies.
-func TestProbeJSentinelPrimaryRestartedEmptyLosesNewIdentityBlock(t *testing.T) {
+// the restart gets number 1 again: the number every instance had applied
+// already (the block before the restart). It was taken for applied on every
+// instance, including the one that made it, and never applied. A data loss
+// the epoch marker notices now makes every instance read them all, and so
+// does a change heard under the number of another.
+func TestSentinelPrimaryRestartedEmptyKeepsANewIdentityBlock(t *testing.T) {
 	s := testredis.StartSentinel(t)
 	prefix := uniquePrefix(t)
 	a := newProbeJSentinelInstance(t, s, prefix)
@@ -229,86 +231,3 @@ const probeJDenyYAML = `rules:
     limit: 1
     period: 1h
 `
-
-// TestProbeJSentinelFailoverResetMissedWhileOldPrimaryLives: after a
-// planned SENTINEL FAILOVER the client follows the new primary for its
-// commands, but its pub/sub connections (go-redis keeps them in a pool of
-// their own, which its failover handler does not close) stay on the old
-// primary. Until the sentinels get round to demoting that server (seconds
-// later), it is a primary of its own: what is published on the new primary
-// never reaches it. A key reset made through instance A right after the
-// switch must still make instance B forget its cached denial (the resets
-// channel: docs/operations.md, Resets).
-func TestProbeJSentinelFailoverResetMissedWhileOldPrimaryLives(t *testing.T) {
-	s := testredis.StartSentinel(t)
-	prefix := uniquePrefix(t)
-	mk := func() *probeJInstance {
-		cfg, err := config.Parse("test.yaml", []byte(probeJDenyYAML))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Redis.Sentinel = config.Sentinel{Master: s.Master, Addrs: s.Addrs()}
-		cfg.Redis.KeyPrefix = prefix
-		a, err := New(cfg, Options{Log: zerolog.Nop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(a.Close)
-		resetsReady(t, a)
-		return &probeJInstance{app: a, admin: serveOn(t, a.AdminHandler())}
-	}
-	a, b := mk(), mk()
-	dec := func(in *probeJInstance, user string) limits.Decision {
-		var d limits.Decision
-		_ = in.app.Limiter().Decide(context.Background(), &limits.Request{User: []byte(user)}, &d)
-		return d
-	}
-	old := s.Servers[0].Addr
-	if _, err := s.Sentinels[0].Do("SENTINEL", "FAILOVER", s.Master); err != nil {
-		t.Fatal(err)
-	}
-	promoted, err := s.WaitPrimary(old, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// both instances decide on the new primary again
-	n := 0
-	for _, in := range []*probeJInstance{a, b} {
-		within(t, 10*time.Second, "decides on Redis", func() error {
-			n++
-			if d := dec(in, fmt.Sprintf("probe-%d", n)); d.Local || !d.Admitted {
-				return fmt.Errorf("local=%v admitted=%v", d.Local, d.Admitted)
-			}
-			return nil
-		})
-	}
-	dec(b, "carol")
-	if d := dec(b, "carol"); d.Admitted || d.Local {
-		t.Fatalf("carol's second request: admitted=%v local=%v", d.Admitted, d.Local)
-	}
-	if d := dec(b, "carol"); !d.Cached {
-		t.Fatal("B did not cache carol's denial")
-	}
-	role, _ := s.Server(old).Do("ROLE")
-	t.Logf("new primary %s; the old primary %s answers ROLE %.40s", promoted, old, role)
-	if code, body := call(t, a.admin, "DELETE", "/v1/keys/per-user?user=carol", ""); code != 200 {
-		t.Fatalf("reset: %d %s", code, body)
-	}
-	if d := dec(a, "carol"); !d.Admitted {
-		t.Fatalf("A after the reset: admitted=%v", d.Admitted)
-	}
-	reset := time.Now()
-	var stillCached time.Duration
-	for time.Since(reset) < 20*time.Second {
-		if d := dec(b, "carol"); !d.Cached {
-			break
-		}
-		stillCached = time.Since(reset)
-		time.Sleep(20 * time.Millisecond)
-	}
-	role, _ = s.Server(old).Do("ROLE")
-	t.Logf("B answered carol from its cache for %v after the reset; the old primary now answers ROLE %.40s", stillCached.Round(time.Millisecond), role)
-	if stillCached > time.Second {
-		t.Fatalf("a key reset made through A after the failover did not reach B: B kept denying carol from its deny cache for %v (a reset reaches every instance at once through pub/sub otherwise)", stillCached.Round(time.Millisecond))
-	}
-}

@@ -112,15 +112,7 @@ func TestSentinelLaggedFailoverKeepsANewIdentityBlock(t *testing.T) {
 	killed := time.Now()
 
 	// The operator blocks u3, retrying until Redis answers again.
-	var code int
-	var body string
-	for time.Since(killed) < 30*time.Second {
-		if code, body = put(a, "u3"); code == 200 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if code != 200 {
+	if code, body := putUntil(killed.Add(30*time.Second), func() (int, string) { return put(a, "u3") }); code != 200 {
 		t.Fatalf("PUT u3 never succeeded: %d %s\n%s", code, body, s.Logs())
 	}
 	t.Logf("PUT u3 answered 200 %v after the primary was killed", time.Since(killed).Round(time.Millisecond))
@@ -189,15 +181,7 @@ func TestSentinelPrimaryRestartedEmptyKeepsANewIdentityBlock(t *testing.T) {
 	primary.Stop()
 	primary.Restart(t)
 	restarted := time.Now()
-	var code int
-	var body string
-	for time.Since(restarted) < 20*time.Second {
-		if code, body = put(a, "u2"); code == 200 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if code != 200 {
+	if code, body := putUntil(restarted.Add(20*time.Second), func() (int, string) { return put(a, "u2") }); code != 200 {
 		t.Fatalf("PUT u2 never succeeded: %d %s", code, body)
 	}
 	t.Logf("PUT u2 answered 200 %v after the restart", time.Since(restarted).Round(time.Millisecond))
@@ -231,3 +215,15 @@ const probeJDenyYAML = `rules:
     limit: 1
     period: 1h
 `
+
+// putUntil calls put until it answers 200 or deadline passes, and returns
+// its last answer: an operator retrying while Redis fails over.
+func putUntil(deadline time.Time, put func() (int, string)) (int, string) {
+	for {
+		code, body := put()
+		if code == 200 || time.Now().After(deadline) {
+			return code, body
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

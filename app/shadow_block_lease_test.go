@@ -33,8 +33,8 @@ func counterValue(a *App, series string) float64 {
 // rule after the leased one was never asked (3 of 3 admitted at 1 an
 // hour), or, the leased rule last, Decide panicked and took the process
 // down.
-const shadowBlockThenLeased = `
-rules:
+const (
+	ruleWatch = `
   - name: watch
     key: [ip]
     algorithm: fixed_window
@@ -43,19 +43,22 @@ rules:
     shadow: true
     exceptions:
       - match: {ip: 192.0.2.66}
-        block: true
+        block: true`
+	ruleLeased = `
   - name: leased
     key: [ip]
     algorithm: fixed_window
     limit: 100
     period: 1h
-    lease: true
+    lease: true`
+	ruleTight = `
   - name: tight
     key: [ip]
     algorithm: fixed_window
     limit: 1
-    period: 1h
-`
+    period: 1h`
+	shadowBlockThenLeased = "rules:" + ruleWatch + ruleLeased + ruleTight + "\n"
+)
 
 // TestShadowBlockBeforeLeasedRuleKeepsOtherRulesEnforcedAndCounted: an
 // identity a shadow rule blocks must be limited by the other rules as
@@ -81,29 +84,7 @@ func TestShadowBlockBeforeLeasedRuleKeepsOtherRulesEnforcedAndCounted(t *testing
 	}
 }
 
-const shadowBlockThenPlainThenLeased = `
-rules:
-  - name: watch
-    key: [ip]
-    algorithm: fixed_window
-    limit: 100
-    period: 1h
-    shadow: true
-    exceptions:
-      - match: {ip: 192.0.2.66}
-        block: true
-  - name: tight
-    key: [ip]
-    algorithm: fixed_window
-    limit: 1
-    period: 1h
-  - name: leased
-    key: [ip]
-    algorithm: fixed_window
-    limit: 100
-    period: 1h
-    lease: true
-`
+const shadowBlockThenPlainThenLeased = "rules:" + ruleWatch + ruleTight + ruleLeased + "\n"
 
 // TestShadowBlockBeforeLeasedRuleDoesNotPanic: the same with the leased
 // rule last: the request of an identity a shadow rule blocks panics in

@@ -15,7 +15,7 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-const probeJYAML = `rules:
+const sentinelIdentitiesYAML = `rules:
   - name: api
     key: [user]
     algorithm: fixed_window
@@ -23,14 +23,14 @@ const probeJYAML = `rules:
     period: 1h
 `
 
-type probeJInstance struct {
+type sentinelInstance struct {
 	app   *App
 	admin *fasthttp.HostClient
 }
 
-func newProbeJSentinelInstance(t *testing.T, s *testredis.SentinelSetup, prefix string) *probeJInstance {
+func newSentinelInstance(t *testing.T, s *testredis.SentinelSetup, prefix string) *sentinelInstance {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(probeJYAML))
+	cfg, err := config.Parse("test.yaml", []byte(sentinelIdentitiesYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,10 +42,10 @@ func newProbeJSentinelInstance(t *testing.T, s *testredis.SentinelSetup, prefix 
 	}
 	t.Cleanup(a.Close)
 	resetsReady(t, a)
-	return &probeJInstance{app: a, admin: serveOn(t, a.AdminHandler())}
+	return &sentinelInstance{app: a, admin: serveOn(t, a.AdminHandler())}
 }
 
-func (in *probeJInstance) admitted(user string) bool {
+func (in *sentinelInstance) admitted(user string) bool {
 	var d limits.Decision
 	_ = in.app.Limiter().Decide(context.Background(), &limits.Request{User: []byte(user)}, &d)
 	return d.Admitted
@@ -66,13 +66,11 @@ func (in *probeJInstance) admitted(user string) bool {
 func TestSentinelLaggedFailoverKeepsANewIdentityBlock(t *testing.T) {
 	s := testredis.StartSentinel(t)
 	prefix := uniquePrefix(t)
-	a := newProbeJSentinelInstance(t, s, prefix)
-	b := newProbeJSentinelInstance(t, s, prefix)
+	a := newSentinelInstance(t, s, prefix)
+	b := newSentinelInstance(t, s, prefix)
 
-	put := func(in *probeJInstance, user string) (int, string) {
-		return call(t, in.admin, "PUT", "/v1/rules/api/identities?user="+user, `{"block":true}`)
-	}
-	waitBlocked := func(in *probeJInstance, user, who string) {
+	put := func(in *sentinelInstance, user string) (int, string) { return in.block(t, user) }
+	waitBlocked := func(in *sentinelInstance, user, who string) {
 		within(t, 5*time.Second, who+" blocks "+user, func() error {
 			if in.admitted(user) {
 				return fmt.Errorf("%s admitted", user)
@@ -135,7 +133,7 @@ func TestSentinelLaggedFailoverKeepsANewIdentityBlock(t *testing.T) {
 	var problems []string
 	for _, in := range []struct {
 		name string
-		in   *probeJInstance
+		in   *sentinelInstance
 	}{{"A (made the change)", a}, {"B", b}} {
 		if in.in.admitted("u3") {
 			problems = append(problems, fmt.Sprintf("instance %s admits u3, blocked in Redis (version %d applied here)", in.name, in.in.app.Rules().Identities().Version()))
@@ -162,11 +160,9 @@ func TestSentinelLaggedFailoverKeepsANewIdentityBlock(t *testing.T) {
 func TestSentinelPrimaryRestartedEmptyKeepsANewIdentityBlock(t *testing.T) {
 	s := testredis.StartSentinel(t)
 	prefix := uniquePrefix(t)
-	a := newProbeJSentinelInstance(t, s, prefix)
-	b := newProbeJSentinelInstance(t, s, prefix)
-	put := func(in *probeJInstance, user string) (int, string) {
-		return call(t, in.admin, "PUT", "/v1/rules/api/identities?user="+user, `{"block":true}`)
-	}
+	a := newSentinelInstance(t, s, prefix)
+	b := newSentinelInstance(t, s, prefix)
+	put := func(in *sentinelInstance, user string) (int, string) { return in.block(t, user) }
 	if code, body := put(a, "u1"); code != 200 {
 		t.Fatalf("PUT u1: %d %s", code, body)
 	}
@@ -197,7 +193,7 @@ func TestSentinelPrimaryRestartedEmptyKeepsANewIdentityBlock(t *testing.T) {
 	var problems []string
 	for _, in := range []struct {
 		name string
-		in   *probeJInstance
+		in   *sentinelInstance
 	}{{"A (made the change)", a}, {"B", b}} {
 		if in.in.admitted("u2") {
 			problems = append(problems, fmt.Sprintf("instance %s admits u2, blocked in Redis (version %d applied here)", in.name, in.in.app.Rules().Identities().Version()))
@@ -226,4 +222,10 @@ func putUntil(deadline time.Time, put func() (int, string)) (int, string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// block blocks user through in's admin API.
+func (in *sentinelInstance) block(t *testing.T, user string) (int, string) {
+	t.Helper()
+	return call(t, in.admin, "PUT", "/v1/rules/api/identities?user="+user, `{"block":true}`)
 }

@@ -204,14 +204,6 @@ func TestSentinelPrimaryRestartedEmptyKeepsANewIdentityBlock(t *testing.T) {
 	}
 }
 
-const probeJDenyYAML = `rules:
-  - name: per-user
-    key: [user]
-    algorithm: fixed_window
-    limit: 1
-    period: 1h
-`
-
 // putUntil calls put until it answers 200 or deadline passes, and returns
 // its last answer: an operator retrying while Redis fails over.
 func putUntil(deadline time.Time, put func() (int, string)) (int, string) {

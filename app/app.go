@@ -329,9 +329,7 @@ func (a *App) watchEpoch(rs *redisstore.Store, prefix string, dc *limits.DenyCac
 			a.limiter.DropLeases()
 			// The identity overrides' change counter may start again
 			// and repeat numbers already applied: read them all.
-			if err := a.rules.Identities().Resync(ctx); err != nil {
-				a.log.Warn().Err(err).Msg("cannot read the identity overrides again after Redis lost its data; the next change or check will")
-			}
+			a.rules.Identities().Resync()
 			a.log.Warn().Int("cached_denials_cleared", cleared).
 				Msg("Redis lost its data (FLUSHALL, a restart without persistence, or a failover to an empty replica): counters start from zero, cached denials are dropped, and runtime overrides kept there are gone")
 		})

@@ -64,6 +64,10 @@ type Identities struct {
 	// and numbers repeat, so everything is read again.
 	last    limits.IdentityChange
 	nextExp int64 // earliest ExpiresAt in µs among stored; 0 none
+	// resync asks Run for a full read (Resync): Run's own, so that it
+	// never races the changes Run applies one by one (a snapshot read
+	// before a change and applied after it would undo it).
+	resync chan struct{}
 }
 
 // storedIdentity is one stored runtime override, compact: 100,000 of them
@@ -133,6 +137,7 @@ func NewIdentities(opts IdentitiesOptions) *Identities {
 		rules:    map[string]*ruleIdentities{},
 		stored:   map[string]map[string]*storedIdentity{},
 		advanced: make(chan struct{}),
+		resync:   make(chan struct{}, 1),
 	}
 	if x.store == nil {
 		x.store = NewMemoryIdentities()
@@ -617,6 +622,8 @@ func (x *Identities) Run(ctx context.Context) {
 				continue
 			}
 			err = x.heard(ctx, c, events)
+		case <-x.resync:
+			err = x.full(ctx)
 		case <-t.C:
 			if x.store.Shared() {
 				err = x.check(ctx, events)
@@ -717,14 +724,18 @@ func (x *Identities) await(ctx context.Context, events <-chan limits.IdentityCha
 	return true
 }
 
-// Resync reads every stored override again: what the store lost (its
-// data, a failover to a replica that missed changes) may have gone with
-// changes applied here, and its counter may repeat their numbers.
-func (x *Identities) Resync(ctx context.Context) error {
+// Resync has Run read every stored override again, soon: what the store
+// lost (its data, a failover to a replica that missed changes) may have
+// gone with changes applied here, and its counter may repeat their
+// numbers.
+func (x *Identities) Resync() {
 	if !x.store.Shared() {
-		return nil
+		return
 	}
-	return x.full(ctx)
+	select {
+	case x.resync <- struct{}{}:
+	default: // one is pending already
+	}
 }
 
 // full is a bounded full read.
@@ -836,11 +847,10 @@ func (x *Identities) settle(ctx context.Context, v uint64, rule, id, value strin
 	x.mu.Lock()
 	if x.version == v && !(x.last.Version == v && x.last.Rule == rule && x.last.ID == id && x.last.Value == value) {
 		// The number this instance applied last, for something else:
-		// the store's counter went back (heard); read everything.
+		// the store's counter went back; Run reads everything.
 		x.mu.Unlock()
-		if err := x.full(ctx); err != nil {
-			x.log.Warn().Err(err).Msg("identity override change numbered as an earlier one (the store's counter went back), and they cannot be read again yet")
-		}
+		x.log.Warn().Uint64("version", v).Msg("an identity override change reuses the number of another: the store's counter went back (data lost, or a failover to a replica that missed changes); reading them all")
+		x.Resync()
 		return
 	}
 	x.mu.Unlock()

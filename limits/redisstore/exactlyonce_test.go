@@ -38,17 +38,7 @@ func TestDecisionRunsAtMostOnce(t *testing.T) {
 		})
 	}
 	t.Run("cluster", func(t *testing.T) {
-		c := sharedCluster.Get(t)
-		if err := c.FlushAll(); err != nil {
-			t.Fatal(err)
-		}
-		px := proxies(t, c.Addrs()...)
-		rs, err := Open(Options{ClusterAddrs: c.Addrs(), Dialer: px.dial})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rs.Close()
-		cc := c.Client(t)
+		rs, px, cc := proxiedCluster(t)
 		runAtMostOnce(t, rs, px, func(key string) (int, error) {
 			return fwCount(cc, key)
 		})
@@ -167,4 +157,22 @@ func countUnits(t *testing.T, n int, key func(int) string, stored func(key strin
 		}
 	}
 	return total, twice
+}
+
+// proxiedCluster empties the shared cluster and opens a store on it
+// through a fault-injecting proxy per node; it returns the store (closed at
+// cleanup), the proxies and a client that reaches the nodes directly.
+func proxiedCluster(t *testing.T) (*Store, proxySet, *redis.ClusterClient) {
+	t.Helper()
+	c := sharedCluster.Get(t)
+	if err := c.FlushAll(); err != nil {
+		t.Fatal(err)
+	}
+	px := proxies(t, c.Addrs()...)
+	rs, err := Open(Options{ClusterAddrs: c.Addrs(), Dialer: px.dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	return rs, px, c.Client(t)
 }

@@ -22,21 +22,11 @@ import (
 // 10% of the connections right after Redis answered. No key may count more
 // than one unit.
 func TestLeaseTakeRunsOnceOnCluster(t *testing.T) {
-	c := sharedCluster.Get(t)
-	if err := c.FlushAll(); err != nil {
-		t.Fatal(err)
-	}
-	px := proxies(t, c.Addrs()...)
-	rs, err := Open(Options{ClusterAddrs: c.Addrs(), Dialer: px.dial})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
+	rs, px, cc := proxiedCluster(t)
 	ctx := context.Background()
 	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cc := c.Client(t)
 	key := func(i int) string { return "rg:{leaseonce:" + strconv.Itoa(i) + "}:fw" }
 	px.dropReplies(0.10)
 	const n = 300

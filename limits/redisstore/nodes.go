@@ -345,25 +345,36 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string
 			}
 			return reply, err
 		}
-		kind, _, addr, isRedirect := redirect(err)
-		switch {
-		case isRedirect && kind == "ASK":
-			var target *clusterNode
-			if target, err = s.nodes.node(addr); err != nil {
-				return nil, err
-			}
-			return askingEval(ctx, target, script, &scriptCall{keys: keys, args: args})
-		case isRedirect:
-			nd, err = s.nodes.moved(slot, addr)
-		default:
-			s.nodes.reloadSoon()
-			select {
-			case <-ctx.Done():
-				return nil, err
-			case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
-			}
-			nd, err = s.nodes.forSlot(ctx, slot)
+		var ask bool
+		if nd, ask, err = s.nodes.next(ctx, slot, attempt, err); err == nil && ask {
+			return askingEval(ctx, nd, script, &scriptCall{keys: keys, args: args})
 		}
 	}
 	return nil, err
+}
+
+// next is where a call on slot goes after Redis said it did not run it
+// (notRun(err)), at its attempt-th try: the ASK target (ask true: send it
+// there after ASKING, once), the slot's new primary after MOVED, or, after
+// TRYAGAIN or CLUSTERDOWN and a short wait, the slot's primary as the map
+// now says; an error when there is none, or ctx ended while waiting.
+func (n *clusterNodes) next(ctx context.Context, slot, attempt int, err error) (nd *clusterNode, ask bool, _ error) {
+	kind, _, addr, isRedirect := redirect(err)
+	switch {
+	case isRedirect && kind == "ASK":
+		nd, err = n.node(addr)
+		return nd, err == nil, err
+	case isRedirect:
+		nd, err = n.moved(slot, addr)
+		return nd, false, err
+	}
+	// TRYAGAIN (a slot mid-migration), CLUSTERDOWN: wait a little.
+	n.reloadSoon()
+	select {
+	case <-ctx.Done():
+		return nil, false, err
+	case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
+	}
+	nd, err = n.forSlot(ctx, slot)
+	return nd, false, err
 }

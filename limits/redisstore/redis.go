@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/rategate/rategate/limits"
 	"github.com/rs/zerolog"
@@ -544,27 +543,11 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 			}
 			return reply, err, true
 		}
-		kind, _, addr, isRedirect := redirect(err)
-		switch {
-		case isRedirect && kind == "ASK":
-			var target *clusterNode
-			if target, err = s.nodes.node(addr); err != nil {
-				return nil, err, true
+		var ask bool
+		if nd, ask, err = s.nodes.next(call.ctx, slot, attempt, err); err == nil {
+			if ask {
+				return s.asking(call, nd)
 			}
-			return s.asking(call, target)
-		case isRedirect:
-			nd, err = s.nodes.moved(slot, addr)
-		default:
-			// TRYAGAIN (a slot mid-migration), CLUSTERDOWN: wait a little.
-			s.nodes.reloadSoon()
-			select {
-			case <-call.ctx.Done():
-				return nil, err, true
-			case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
-			}
-			nd, err = s.nodes.forSlot(call.ctx, slot)
-		}
-		if err == nil {
 			call.rearm()
 		}
 	}
@@ -578,9 +561,12 @@ func (s *Store) run(call *scriptCall) (reply any, err error, owned bool) {
 // caller gave up to lateReply, which gives back what it committed. owned
 // is false when the caller gave up: the sender then releases the call.
 func (s *Store) asking(call *scriptCall, nd *clusterNode) (reply any, err error, owned bool) {
-	ctx, cancel := context.WithCancel(context.Background())
+	var ctx context.Context
+	var cancel context.CancelFunc
 	if call.hasDeadline {
 		ctx, cancel = context.WithDeadline(context.Background(), call.deadline.Add(nd.co.opt.LateGrace))
+	} else {
+		ctx, cancel = context.WithCancel(context.Background())
 	}
 	call.rearm()
 	go func() {

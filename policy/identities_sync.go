@@ -302,9 +302,9 @@ func (ri *ruleIdentities) ruleFor(action limits.IdentityAction, n numbers) (*lim
 // Numbers that fitted when they were set may not fit a rule a reload has
 // changed since; dropping them would hand the identity the rule's
 // numbers, a lower limit failing open. Where they lower the rule (lowers),
-// two such changes keep them, on the strict side: a burst on a rule now of a window algorithm goes (the
-// limit stays), and a rule cost above the identity's burst stays (a
-// request of that cost never fits).
+// two such changes keep them, on the strict side: a burst on a rule now of
+// a window algorithm goes (the limit stays), and a rule cost above the
+// identity's burst stays (a request of that cost never fits).
 func (ri *ruleIdentities) ruleInForce(action limits.IdentityAction, n numbers) (*limits.Rule, error) {
 	r, err := ri.ruleFor(action, n)
 	if err == nil || action != limits.IdentityLimit {
@@ -316,12 +316,10 @@ func (ri *ruleIdentities) ruleInForce(action limits.IdentityAction, n numbers) (
 	return nil, err
 }
 
-// strictFit applies n, which lowers the rule in force, without the two
-// bounds a rule's change can break (see ruleInForce).
+// strictFit applies n to the rule in force without the two bounds a
+// rule's change can break (see ruleInForce), when what comes out lowers
+// the rule.
 func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
-	if !n.lowers(ri.base) {
-		return nil, false
-	}
 	if !ri.base.Algorithm.UsesBurst() {
 		n.burst = 0
 	}
@@ -331,8 +329,8 @@ func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
 	if err != nil {
 		return nil, false
 	}
-	// Judged again as it comes out: a factor is rounded, and never below
-	// 1 (0.2 of 3 a quarter hour is 1 a quarter hour, 4 an hour).
+	// Judged as it comes out: a factor is rounded, and never below 1
+	// (0.2 of 3 a quarter hour is 1 a quarter hour, 4 an hour).
 	if !(numbers{limit: applied.Limit, period: applied.Period, burst: applied.Burst}).lowers(ri.base) {
 		return nil, false
 	}

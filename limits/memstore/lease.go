@@ -479,11 +479,12 @@ func (s *Store) ReturnLease(_ context.Context, r *limits.LeaseReturn) (int64, er
 	// in leaseTBState and leaseGCState.)
 	st := s.load(c.Key, now)
 	sl, sp, sb := cmp.Or(st.c, c.Limit), cmp.Or(st.d, c.PeriodUS), cmp.Or(st.e, c.Burst)
+	gcraLive := st.expireUS > now && (st.a > now || st.a == now && st.b > 0) // its TAT not passed
 	if c.Algorithm == limits.TokenBucket {
 		if h, _, _ := newInterval(sl, sp).level(max(st.b, 0), st.a, now, sb); st.expireUS > now && h < sb {
 			c.Limit, c.PeriodUS, c.Burst = sl, sp, sb
 		}
-	} else if st.expireUS > now && (st.a > now || st.a == now && st.b > 0) {
+	} else if gcraLive {
 		c.Limit, c.PeriodUS = sl, sp
 	}
 	if c.Algorithm == limits.TokenBucket {
@@ -501,7 +502,7 @@ func (s *Store) ReturnLease(_ context.Context, r *limits.LeaseReturn) (int64, er
 		// either: a return only shortens it
 		iv := newInterval(c.Limit, c.PeriodUS)
 		var di, df int64
-		if st.expireUS > now && (st.a > now || st.a == now && st.b > 0) {
+		if gcraLive {
 			di, df = st.a-now, st.b
 		}
 		if oi, of := iv.times(m.o); di < oi || (di == oi && df < of) {

@@ -126,7 +126,14 @@ type denyShard struct {
 	// minUntil is at most the earliest until in m: no entry can have
 	// expired before it, so a full shard is only swept when it can help.
 	minUntil int64
-	_        [32]byte // keep neighbouring shards' locks off one cache line
+	// added counts the entries put in since the last sweep: a sweep reads
+	// the whole shard, so a full shard sweeps again only once it took
+	// perShard/sweepShare new entries (each pays a few reads), not on
+	// every insert while its entries expire one by one.
+	added int
+	// scanned counts the entries sweeps have read (tests).
+	scanned int64
+	_       [32]byte // keep neighbouring shards' locks off one cache line
 }
 
 // denyEntry is one cached denial.
@@ -386,29 +393,31 @@ func (c *DenyCache) put(gen uint64, v *Verdict, others []seen, now, after int64,
 		return
 	}
 	if len(sh.m) >= c.perShard {
-		c.sweepLocked(sh, now)
+		if sh.added >= c.perShard/sweepShare {
+			c.sweepLocked(sh, now)
+		}
 		if len(sh.m) >= c.perShard {
-			// Still full of live denials: drop one at random (map order) so
-			// that fresh denials, the ones being hammered, get in.
-			for k := range sh.m {
-				delete(sh.m, k)
-				c.entries.Add(-1)
-				c.evicted.Add(1)
-				break
-			}
+			c.dropOneLocked(sh, now)
 		}
 	}
 	sh.m[v.Key] = e
+	sh.added++
 	c.entries.Add(1)
 	sh.minUntil = min(sh.minUntil, until)
 }
+
+// sweepShare: a full shard is swept at most once per 1/sweepShare of its
+// size in new entries.
+const sweepShare = 8
 
 // sweepLocked drops the shard's expired entries, when some may have expired.
 func (c *DenyCache) sweepLocked(sh *denyShard, now int64) {
 	if now < sh.minUntil {
 		return
 	}
+	sh.added = 0
 	next := int64(math.MaxInt64)
+	sh.scanned += int64(len(sh.m))
 	for k, e := range sh.m {
 		if now >= e.untilUS {
 			delete(sh.m, k)
@@ -418,6 +427,30 @@ func (c *DenyCache) sweepLocked(sh *denyShard, now int64) {
 		}
 	}
 	sh.minUntil = next
+}
+
+// dropOneLocked makes room in a full shard: the first expired entry among a
+// few in map order (random), or else the first of them, a live denial
+// (counted as evicted), so that fresh denials, the ones being hammered,
+// get in. Dropping a live denial only sends its identity's next request
+// to the store.
+func (c *DenyCache) dropOneLocked(sh *denyShard, now int64) {
+	var victim string
+	n, live := 0, true
+	for k, e := range sh.m {
+		if n == 0 || now >= e.untilUS {
+			victim, live = k, now < e.untilUS
+		}
+		n++
+		if !live || n == 4 {
+			break
+		}
+	}
+	delete(sh.m, victim)
+	c.entries.Add(-1)
+	if live {
+		c.evicted.Add(1)
+	}
 }
 
 // verdict is the Verdict of a request denied by e at now. A request whose

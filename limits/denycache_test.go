@@ -615,6 +615,46 @@ func TestDenyCacheBound(t *testing.T) {
 	dcWant(t, "c cached", dcAsk(t, l, "c", 1, next), false, true)
 }
 
+// TestDenyCacheFullSweepsAmortized: a full cache whose denials expire one
+// by one (each identity denied until a minute after its own first request)
+// reads a bounded number of entries per new denial. Sweeping the whole
+// shard whenever its earliest entry has expired read all of it for every
+// insert (1,024 entries a denial here): an attacker with many identities
+// made every denial that reaches the store pay for it.
+func TestDenyCacheFullSweepsAmortized(t *testing.T) {
+	const size = 64 * 1024 // 64 shards of 1,024
+	bucket := &limits.Rule{Name: "per-user", Key: []limits.KeyPart{{Kind: limits.KeyUser}}, Algorithm: limits.TokenBucket,
+		Limit: 1, Period: time.Minute, Burst: 1, Cost: 1}
+	l, c := dcLimiter(t, size, bucket)
+	now := storetest.WindowStart(time.Hour) + 1
+	step := limits.PeriodUS(time.Minute) / size // the first denials expire while the last are cached
+	deny := func(i int) {
+		t.Helper()
+		u := "u" + strconv.Itoa(i)
+		dcWant(t, u+" first", dcAsk(t, l, u, 1, now), true, false)
+		dcWant(t, u+" second", dcAsk(t, l, u, 1, now), false, false)
+		now += step
+	}
+	for i := range size {
+		deny(i)
+	}
+	before := c.Scanned()
+	const more = size / 2
+	for i := range more {
+		deny(size + i)
+		if c.Len() > size {
+			t.Fatalf("Len %d, want <= %d", c.Len(), size)
+		}
+	}
+	per := float64(c.Scanned()-before) / more
+	t.Logf("%.1f entries read per new denial", per)
+	if per > 16 {
+		t.Fatalf("sweeps read %.0f entries per new denial once full, want at most 16", per)
+	}
+	// the newest denials are cached
+	dcWant(t, "newest cached", dcAsk(t, l, "u"+strconv.Itoa(size+more-1), 1, now), false, true)
+}
+
 // TestDenyCacheRealClock: on the process clock (production), a cached
 // denial holds until the store's retry time shortened by the drift margin,
 // measured from before the store call, and reports the store's own retry

@@ -89,3 +89,15 @@ func (h LeaseEntry) Avail() int64 { return h.e.avail.Load() }
 
 // RetryLater is retryLater.
 var RetryLater = retryLater
+
+// Scanned returns how many entries the cache's sweeps have read.
+func (c *DenyCache) Scanned() int64 {
+	var n int64
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		n += sh.scanned
+		sh.mu.Unlock()
+	}
+	return n
+}

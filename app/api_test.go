@@ -355,7 +355,8 @@ func TestOverrideAPI(t *testing.T) {
 		{"g", `{"limt":5}`, `limt: unknown field; use limit, period, burst, factor, reason or ttl`},
 		{"g", `{}`, "give at least one of limit, period, burst, factor"},
 		{"g", `[1]`, "body must be a JSON object"},
-		{"g", `{"ttl":"0s","limit":5}`, "ttl: must be > 0"},
+		{"g", `{"ttl":"0s","limit":5}`, "ttl: must be >= 1ms"},
+		{"g", `{"ttl":"1ns","limit":5}`, "ttl: must be >= 1ms and <= 400d, got 1ns"},
 		{"w", `{"burst":5}`, "burst: is only for gcra and token_bucket, not fixed_window"},
 		{"w", `{"limit":2000000000}`, "limit: must be <= 1000000000"},
 	}

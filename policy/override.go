@@ -190,8 +190,10 @@ func (f overrideFields) parse(k string, v json.RawMessage, now time.Time, fail f
 		switch err := json.Unmarshal(v, &d); {
 		case err != nil:
 			fail(k, "%v", err)
-		case d <= 0 || time.Duration(d) > maxTTL:
-			fail(k, "must be > 0 and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
+		case time.Duration(d) < time.Millisecond || time.Duration(d) > maxTTL:
+			// under a millisecond the override would be stored already
+			// ended (Redis expires keys to the millisecond)
+			fail(k, "must be >= 1ms and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
 		default:
 			exp := now.Add(time.Duration(d)).UTC()
 			*f.ExpiresAt = &exp

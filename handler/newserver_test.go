@@ -444,3 +444,36 @@ func TestServerLogsAreSampled(t *testing.T) {
 	check(t, n >= 1 && n <= 10, "%d fasthttp log lines for 300 garbage requests, want a sampled few", n)
 	check(t, out.lines("garbage") == 0, "the client's bytes reached the log")
 }
+
+// TestServerRefusalAfterIdleIsWritten: a request the server cannot parse
+// (a control byte in a header value, which NGINX passes on) is answered 400
+// on a keep-alive connection however long that connection sat idle before
+// it. fasthttp sets a write deadline before each answer the handler makes,
+// but not before the error answer it writes itself: on a connection whose
+// last answer is older than the write timeout, the deadline has passed,
+// the 400 is never written and the connection is closed. NGINX reads that
+// as "upstream prematurely closed connection", a 502, charges the instance
+// a failure (max_fails) and, with every instance so, lets the request
+// through as rategate unavailable (e2e: TestRefusedRequestAfterIdleIsNotLetThrough).
+func TestServerRefusalAfterIdleIsWritten(t *testing.T) {
+	addr := hardened(t, ServerOptions{WriteTimeout: 200 * time.Millisecond})
+	const bad = "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-Junk: a\x01b\r\n\r\n"
+	for _, idle := range []time.Duration{0, 400 * time.Millisecond} {
+		c := dial(t, addr)
+		br := bufio.NewReader(c)
+		_, err := io.WriteString(c, goodRequest)
+		noErr(t, err)
+		status, _ := readStatus(t, br)
+		equal(t, 204, status)
+		time.Sleep(idle) // idle, as a pooled NGINX connection is between requests
+		_, err = io.WriteString(c, bad)
+		noErr(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Errorf("a control byte in a header after %v idle (write timeout 200ms): no answer (%v), want 400", idle, err)
+			continue
+		}
+		resp.Body.Close()
+		equal(t, 400, resp.StatusCode, "a control byte in a header after %v idle", idle)
+	}
+}

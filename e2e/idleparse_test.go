@@ -15,17 +15,18 @@ import (
 // keeps connections to rategate open (keepalive 64) and, with two
 // instances as the docs advise, asks them in turn.
 //
-// After a worker has sent rategate nothing for longer than rategate's
+// After a worker had sent rategate nothing for longer than rategate's
 // write timeout (5 s: a quiet site, a quiet hour, one worker of many), the
-// refusal is not written: fasthttp answers a request it cannot parse
+// refusal was not written: fasthttp answers a request it cannot parse
 // without setting a write deadline, the one left from the connection's
-// last answer has passed, and it closes the connection instead.
-// NGINX reads "upstream prematurely closed connection", a 502, tries the
-// other instance on its idle connection (same result), finds no live
-// upstream and lets the request through as rategate unavailable
-// ($rategate_on_failure open). Each instance is also charged a failure
-// (max_fails=2 fail_timeout=2s): a second such request marks both down,
-// and for two seconds every client's request passes without a decision.
+// last answer had passed, and it closed the connection instead (fixed by
+// handler.refusal). NGINX read "upstream prematurely closed connection",
+// a 502, tried the other instance on its idle connection (same result),
+// found no live upstream and let the request through as rategate
+// unavailable ($rategate_on_failure open). Each instance was also charged
+// a failure (max_fails=2 fail_timeout=2s): a second such request marked
+// both down, and for two seconds every client's request passed without a
+// decision.
 //
 // The client spends its quota of 3 on /api/, waits, and sends requests
 // for /api/ with a control byte in a header no rule reads, then plain

@@ -450,11 +450,12 @@ func TestServerLogsAreSampled(t *testing.T) {
 // on a keep-alive connection however long that connection sat idle before
 // it. fasthttp sets a write deadline before each answer the handler makes,
 // but not before the error answer it writes itself: on a connection whose
-// last answer is older than the write timeout, the deadline has passed,
-// the 400 is never written and the connection is closed. NGINX reads that
-// as "upstream prematurely closed connection", a 502, charges the instance
-// a failure (max_fails) and, with every instance so, lets the request
-// through as rategate unavailable (e2e: TestRefusedRequestAfterIdleIsNotLetThrough).
+// last answer was older than the write timeout, the deadline had passed,
+// the 400 was never written and the connection was closed (refusal sets
+// its own). NGINX read that as "upstream prematurely closed connection", a
+// 502, charged the instance a failure (max_fails) and, with every instance
+// so, let the request through as rategate unavailable (e2e:
+// TestRefusedRequestAfterIdleIsNotLetThrough).
 func TestServerRefusalAfterIdleIsWritten(t *testing.T) {
 	addr := hardened(t, ServerOptions{WriteTimeout: 200 * time.Millisecond})
 	const bad = "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-Junk: a\x01b\r\n\r\n"

@@ -1,6 +1,8 @@
 package handler
 
 import (
+	"errors"
+	"net"
 	"strings"
 	"time"
 
@@ -82,11 +84,13 @@ func NewServer(h *Handler, opts ServerOptions) *fasthttp.Server {
 	if maxConns <= 0 {
 		maxConns = DefaultMaxConns
 	}
+	writeTimeout := or(opts.WriteTimeout, DefaultWriteTimeout)
 	return &fasthttp.Server{
 		Handler:        h.Serve,
+		ErrorHandler:   refusal(writeTimeout),
 		Name:           "rategate",
 		ReadTimeout:    or(opts.ReadTimeout, DefaultReadTimeout),
-		WriteTimeout:   or(opts.WriteTimeout, DefaultWriteTimeout),
+		WriteTimeout:   writeTimeout,
 		IdleTimeout:    or(opts.IdleTimeout, DefaultIdleTimeout),
 		ReadBufferSize: max(opts.ReadBufferSize, DefaultReadBufferSize),
 		Concurrency:    maxConns,
@@ -117,6 +121,32 @@ func NewServer(h *Handler, opts ServerOptions) *fasthttp.Server {
 		// input must not reach the log.
 		SecureErrorLogMessage: true,
 		Logger:                newFasthttpLogger(opts.Logger),
+	}
+}
+
+// refusal returns the server's answer to a request it cannot read (a
+// malformed head, a control byte in a header, a head over ReadBufferSize):
+// fasthttp's own statuses and texts, written under a write deadline of
+// its own. fasthttp sets one before each answer of the handler, not before
+// these: on a keep-alive connection idle for longer than the write
+// timeout, the deadline left from its last answer has passed, and the
+// refusal was dropped with the connection. NGINX reads that as rategate
+// unavailable (a 502 from every instance, each charged a failure), and
+// lets the request through under failure_mode open: a client could pass
+// a spent limit with a control byte in any header NGINX forwards.
+func refusal(writeTimeout time.Duration) func(*fasthttp.RequestCtx, error) {
+	return func(ctx *fasthttp.RequestCtx, err error) {
+		_ = ctx.SetWriteDeadline(time.Now().Add(writeTimeout)) // a closed connection has nobody to answer
+		var small *fasthttp.ErrSmallBuffer
+		var netErr *net.OpError
+		switch {
+		case errors.As(err, &small):
+			ctx.Error("Too big request header", fasthttp.StatusRequestHeaderFieldsTooLarge)
+		case errors.As(err, &netErr) && netErr.Timeout():
+			ctx.Error("Request timeout", fasthttp.StatusRequestTimeout)
+		default:
+			ctx.Error("Error when parsing request", fasthttp.StatusBadRequest)
+		}
 	}
 }
 

@@ -678,6 +678,10 @@ func compileMatch(m *rawMatch, out *limits.Match, pp limits.PathParams, at func(
 			continue
 		}
 		name := textproto.CanonicalMIMEHeaderKey(h.Name)
+		if msg := unpassedHeader(name, "match.host"); msg != "" {
+			at(h.Line, "match.header %q %s", h.Name, msg)
+			continue
+		}
 		if prev, dup := first[name]; dup {
 			at(h.Line, "match.header %q repeats %q", h.Name, prev)
 			continue
@@ -710,9 +714,31 @@ func parseKeyPart(s string) (p limits.KeyPart, msg string) {
 		if !validToken(name) {
 			return p, fmt.Sprintf(": %q is not a valid header name", name)
 		}
-		return limits.KeyPart{Kind: limits.KeyHeader, Header: textproto.CanonicalMIMEHeaderKey(name)}, ""
+		canon := textproto.CanonicalMIMEHeaderKey(name)
+		if msg := unpassedHeader(canon, "key: [host]"); msg != "" {
+			return p, ": header " + msg
+		}
+		return limits.KeyPart{Kind: limits.KeyHeader, Header: canon}, ""
 	}
 	return p, " must be one of ip, user, route, method, host, header:<Name>"
+}
+
+// unpassedHeader says why a rule cannot read the client's header name
+// (canonical), or "" when it can. NGINX's proxy_pass, which carries the
+// auth subrequest, sends Host as the upstream's name and drops or rewrites
+// the hop-by-hop and framing headers whatever the client sent: a rule
+// matching on one would never match (a limit that never applies), one
+// keyed on it would give every client one counter. hostRule names what
+// reads the client's host instead.
+func unpassedHeader(name, hostRule string) string {
+	switch name {
+	case "Host":
+		return "is the upstream's name on the auth subrequest (NGINX's proxy_pass sets it), not the client's host: use " + hostRule
+	case "Connection", "Content-Length", "Transfer-Encoding", "Te", "Keep-Alive", "Expect", "Upgrade":
+		return "never reaches rategate as the client sent it (NGINX's proxy_pass drops or rewrites it): pass it under another name " +
+			"in the auth location (proxy_set_header X-Client-" + name + " $http_" + strings.ToLower(strings.ReplaceAll(name, "-", "_")) + ";) and read that"
+	}
+	return ""
 }
 
 func algorithmList() string {

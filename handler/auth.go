@@ -151,7 +151,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	}
 
 	s.ctx.start(start, h.timeout)
+	s.deciding = true
 	err := h.dec.Decide(s.ctx, &s.req, &s.dec)
+	s.deciding = false
 	switch {
 	case s.dec.Undecided:
 		h.storeFailed(ctx, s.dec.Mode, err)
@@ -198,6 +200,11 @@ const maxPooledBuf = 16 << 10
 // regrow every buffer: 86 allocations and twice the CPU from a 16.5 KB
 // route on).
 func (h *Handler) put(s *scratch) {
+	if s.deciding {
+		// A decision that panicked (Handler.survive answers it): what it
+		// left in s is unknown, so s is not reused.
+		return
+	}
 	s.req = limits.Request{}
 	s.route, s.nginxRoute, s.ip, s.host = shed(s.route), shed(s.nginxRoute), shed(s.ip), shed(s.host)
 	s.buf, s.list, s.item = shed(s.buf), shed(s.list), shed(s.item)

@@ -6,7 +6,9 @@ package handler
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -182,6 +184,9 @@ type scratch struct {
 	// list is RateLimit's text, item one RateLimit item's (appendLists).
 	list, item []byte
 	ctx        *deadlineCtx
+	// deciding is true while the Decider has the request (put drops a
+	// scratch whose decision panicked)
+	deciding bool
 	// rules holds the header text of the rules of recent answers, by
 	// verdict position (ruleText); spare is for the positions past it.
 	rules []ruleText
@@ -323,6 +328,7 @@ var (
 // Serve is the fasthttp handler of the main listener: /auth (any method),
 // /healthz, /readyz; anything else is 404.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	defer h.survive(ctx)
 	switch string(ctx.Path()) {
 	case "/auth":
 		h.auth(ctx)
@@ -339,6 +345,28 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 	}
 }
+
+// survive answers a request whose handling panicked 500, closing its
+// connection, and logs the panic with its stack (sampled like the other
+// errors). fasthttp does not recover a handler's panic: a bug one request
+// reaches would end the process, and every NGINX in front of it would
+// decide by $rategate_on_failure (open: every request let through) until
+// it restarted, again at every such request. auth_request makes the 500 a
+// 500 for that client, not a pass.
+func (h *Handler) survive(ctx *fasthttp.RequestCtx) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	ctx.Response.Reset()
+	ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+	ctx.SetBody(bodyPanic)
+	ctx.SetConnectionClose()
+	h.errLog.Error().Str("panic", fmt.Sprint(p)).Bytes("stack", debug.Stack()).
+		Msg("a request met a bug in rategate and was answered 500; please report this line")
+}
+
+var bodyPanic = []byte("internal error\n")
 
 // bigHead is the request head past which a connection closes after its
 // answer while the listener is crowded (crowdedConns). fasthttp keeps a

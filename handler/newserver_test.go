@@ -478,3 +478,51 @@ func TestServerRefusalAfterIdleIsWritten(t *testing.T) {
 		equal(t, 400, resp.StatusCode, "a control byte in a header after %v idle", idle)
 	}
 }
+
+// panicky is a Decider with a bug that one client can reach: it panics on
+// the user "boom" and decides everything else with next.
+type panicky struct{ next Decider }
+
+func (p panicky) Decide(ctx context.Context, req *limits.Request, d *limits.Decision) error {
+	if string(req.User) == "boom" {
+		var m map[string]int
+		m["x"]++ // a nil map write: the kind of bug a request may meet
+	}
+	return p.next.Decide(ctx, req, d)
+}
+
+// TestServerSurvivesAPanickingDecision: a bug that one request reaches
+// (here a panic in the decider) answers that request 500, which
+// auth_request makes a 500 for its client, and the process goes on. Left
+// to itself, fasthttp does not recover a handler's panic: the process
+// died, and every NGINX in front of it decided by $rategate_on_failure
+// (open: every request let through) until it was restarted; the client
+// could do it again at every restart.
+func TestServerSurvivesAPanickingDecision(t *testing.T) {
+	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
+	var logs syncBuffer
+	srv := NewServer(New(panicky{l}, l, Options{Logger: zerolog.New(&logs)}), ServerOptions{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	noErr(t, err)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		noErr(t, ln.Close())
+		noErr(t, <-done)
+	})
+	c := dial(t, ln.Addr().String())
+	br := bufio.NewReader(c)
+	_, err = io.WriteString(c, "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-User-Id: boom\r\n\r\n")
+	noErr(t, err)
+	status, _ := readStatus(t, br)
+	equal(t, 500, status, "the request whose decision panicked")
+	for range 3 {
+		c := dial(t, ln.Addr().String())
+		_, err := io.WriteString(c, goodRequest)
+		noErr(t, err)
+		status, _ := readStatus(t, bufio.NewReader(c))
+		equal(t, 204, status, "a request after the panic")
+	}
+	check(t, logs.lines("assignment to entry in nil map") == 1 && logs.lines("panicky.Decide") == 1,
+		"the panic and its stack are not logged once: %d, %d lines", logs.lines("assignment to entry in nil map"), logs.lines("panicky.Decide"))
+}

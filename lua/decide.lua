@@ -26,8 +26,11 @@
 
 -- rg_shapes holds the shapes (decide_many.lua's: {code, limit, period,
 -- burst, shadow, cost, algorithm, put}) parsed from decide calls'
--- arguments, by their text (the six joined by single spaces: rategate's
--- numbers hold none, so no other arguments give the same text),
+-- arguments, by their text (the six joined by '|', which no number
+-- holds: the text of six arguments that are numbers, or '0' and '1' for
+-- the shadow flag, is theirs alone. A space would not do: tonumber takes
+-- " 1", so cost "1" then shadow " 1" and cost "1 " then shadow "1"
+-- joined by spaces are one text for two shapes),
 -- rg_nshapes of them. A call's six numbers per check are mostly a few
 -- rules' over and over, and tonumber costs Redis about 800 instructions
 -- each (C's strtod): callgrind, one FCALL of decide per request, one
@@ -39,8 +42,8 @@ local rg_shapes, rg_nshapes = {}, 0
 -- rg_shape returns the shape of the check whose six numbers start at
 -- ARGV[b] (this file's header), or nil when its code names no algorithm.
 local function rg_shape(ARGV, b)
-  local text = ARGV[b] .. ' ' .. ARGV[b + 1] .. ' ' .. ARGV[b + 2] .. ' ' .. ARGV[b + 3] .. ' ' .. ARGV[b + 4] ..
-    ' ' .. ARGV[b + 5]
+  local text = ARGV[b] .. '|' .. ARGV[b + 1] .. '|' .. ARGV[b + 2] .. '|' .. ARGV[b + 3] .. '|' .. ARGV[b + 4] ..
+    '|' .. ARGV[b + 5]
   local s = rg_shapes[text]
   if s then return s end
   local code = tonumber(ARGV[b])

@@ -6,16 +6,14 @@ import (
 )
 
 // TestShapeCacheSpacedNumbers: decide.lua's shape cache (rg_shapes) keys
-// a check's six arguments by their text joined with single spaces, and
-// tonumber takes a number with a space at either end. So cost "1" and
-// shadow " 1" (not a shadow: the flag is the text "1") give the same text
-// as cost "1 " and shadow "1" (a shadow), and once the first is cached,
-// Decide takes the second for it: a shadow check over its limit denies
-// the request. The script (a cache of its own per call), DecideMany (no
-// cache) and the library before it saw the first (the other way round,
-// the lookalike is taken for a shadow) all admit it. (rategate
-// sends whole numbers; the header's "rategate's numbers hold none" is
-// the only thing that keeps the two apart.)
+// a check's six arguments by their text, and tonumber takes a number with
+// a space at either end. Joined with single spaces, cost "1" and shadow
+// " 1" (not a shadow: the flag is the text "1") gave the same text as cost
+// "1 " and shadow "1" (a shadow), and once the first was cached, Decide
+// took the second for it: a shadow check over its limit denied the
+// request, which the script (a cache of its own per call) and DecideMany
+// (no cache) admit. (rategate sends whole numbers; joined by '|' now, no
+// two argument lists give one text.)
 func TestShapeCacheSpacedNumbers(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()

@@ -76,7 +76,8 @@ local rg_maxbit = 2 ^ 40
 -- deny (an API's limit under a flood) the chain stops writing at once.
 -- It spans the calls of the function library (its top level lives as long
 -- as the library) and changes what a decision costs, never what it
--- answers or leaves. The scripts (EVALSHA) never write at once: lua.go
+-- answers or leaves (but for a decision that fails: decide_many.lua's
+-- header). The scripts (EVALSHA) never write at once: lua.go
 -- starts their rg_careful at math.huge. A script starts afresh on every
 -- call, so it could not learn from an undoing, and Redis refuses a
 -- script's first write when it is out of memory, which a denied request

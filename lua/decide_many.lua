@@ -47,9 +47,14 @@
 -- the Redis clock share it (nothing else runs between them). The layout is
 -- checked before anything is decided, so a malformed call fails whole,
 -- having written nothing, and a failing decision fails alone. A decision
--- that fails may have written what it wrote before its error, exactly as
--- the same decision alone would have. An error entry carries the error's
--- text without the "script: ..." suffix Redis adds to a whole call's error.
+-- that fails (a key of another type, a record of another length) may keep
+-- some of what the checks before its error admitted: a check written at
+-- once (rg_chain) stays written, one handed back or held does not, so
+-- the same decision alone, in a batch that holds its key, or while
+-- rg_careful counts down may leave one count between its admissions and
+-- none. It never leaves more than its admissions, and the caller answers
+-- it as failed. An error entry carries the error's text without the
+-- "script: ..." suffix Redis adds to a whole call's error.
 --
 -- Held keys (records.lua) are read once per call and written once, when
 -- it ends, with what the last decision left; a call with a decision at its

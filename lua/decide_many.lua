@@ -58,7 +58,9 @@
 --
 -- Held keys (records.lua) are read once per call and written once, when
 -- it ends, with what the last decision left; a call with a decision at its
--- own instant holds none. (A decision's other keys are read one GET each:
+-- own instant holds none. A key is decided by one algorithm (rategate's
+-- keys end with their algorithm's suffix, limits/algorithm.go): a held
+-- record, decoded, and its shortcut are taken for that algorithm's. (A decision's other keys are read one GET each:
 -- MGET of a decision's keys measured no cheaper, key for key.) A write
 -- that fails then fails the whole call: every decision of it gets the
 -- error, as for a lost connection (an outcome the caller treats as

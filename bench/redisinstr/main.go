@@ -21,6 +21,8 @@
 // of Redis's CPU per decision at these batch sizes) is not in it.
 //
 //	go run ./bench/redisinstr -cases u,urg,uRg    # about 15 s a case
+//	go run ./bench/redisinstr -cases u,ur -repeat 1 -keep /tmp/cg
+//	callgrind_annotate --inclusive=yes /tmp/cg/ur-0.out | head -60
 //
 // Needs valgrind (callgrind_control) and redis-server.
 package main
@@ -48,11 +50,15 @@ import (
 
 const clients = 4
 
+// keep is the -keep directory, or "".
+var keep string
+
 func main() {
 	cases := flag.String("cases", "u,urg", "comma-separated cases (see the package comment)")
 	batch := flag.Int("batch", 20, "decisions per FCALL")
 	decisions := flag.Int("decisions", 8000, "measured decisions per case")
 	repeat := flag.Int("repeat", 3, "runs per case; the median is printed (a rehash of Redis's keyspace or a Lua GC cycle may fall in one run)")
+	flag.StringVar(&keep, "keep", "", "directory to keep each run's callgrind output in (<case>-<run>.out, for callgrind_annotate)")
 	flag.Parse()
 	// go-redis logs every refused dial while valgrind starts the server
 	redis.SetLogger(quiet{})
@@ -64,8 +70,8 @@ func main() {
 	var first float64
 	for i, c := range strings.Split(*cases, ",") {
 		var runs []float64
-		for range max(*repeat, 1) {
-			n, err := measure(c, *batch, *decisions)
+		for run := range max(*repeat, 1) {
+			n, err := measure(c, *batch, *decisions, run)
 			if err != nil {
 				fail(err)
 			}
@@ -92,7 +98,7 @@ func fail(err error) {
 
 // measure runs one case on a fresh redis-server under callgrind and
 // returns the instructions it executed per measured decision.
-func measure(spec string, batch, decisions int) (float64, error) {
+func measure(spec string, batch, decisions, run int) (float64, error) {
 	port, err := procs.FreePort()
 	if err != nil {
 		return 0, err
@@ -149,6 +155,11 @@ func measure(spec string, batch, decisions int) (float64, error) {
 	b, err := os.ReadFile(out)
 	if err != nil {
 		return 0, err
+	}
+	if keep != "" {
+		if err := os.WriteFile(filepath.Join(keep, fmt.Sprintf("%s-%d.out", spec, run)), b, 0o644); err != nil {
+			return 0, err
+		}
 	}
 	// the file's "totals:" line (its "summary:" may be written before
 	// instrumentation starts)

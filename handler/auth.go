@@ -231,12 +231,32 @@ func (h *Handler) clientIP(hdr *fasthttp.RequestHeader) (netip.Addr, bool) {
 // repeated reports whether the request sent header name (canonical, as
 // Limiter.RuleHeaders gives it) more than once. fasthttp keeps a single
 // value of a few headers (the last one's), so for those the raw header
-// lines are counted.
+// lines are counted. NGINX's Lua variant (nginx/rategate_access.lua)
+// passes one copy of some headers the client repeated, and names them in
+// X-Rategate-Repeated.
 func repeated(hdr *fasthttp.RequestHeader, name string) bool {
-	if len(hdr.PeekAll(name)) > 1 {
+	if len(hdr.PeekAll(name)) > 1 || listed(hdr.Peek(repeatedHeader), name) {
 		return true
 	}
 	return slices.Contains(singleValued, name) && rawCount(hdr.RawHeaders(), name) > 1
+}
+
+// repeatedHeader lists (comma-separated, any case) headers the client
+// sent more than once where the request rategate gets carries one copy:
+// the Lua variant sets it, or clears a client's own. Through the plain
+// variant a client's copy can only refuse its own request.
+const repeatedHeader = "X-Rategate-Repeated"
+
+// listed reports whether the comma-separated list names name, in any case.
+func listed(list []byte, name string) bool {
+	for len(list) > 0 {
+		var item []byte
+		item, list, _ = bytes.Cut(list, []byte{','})
+		if asciiEqualFold(name, bytes.TrimSpace(item)) {
+			return true
+		}
+	}
+	return false
 }
 
 // repeatedIdentity returns the first identity header (h.once) the request

@@ -728,6 +728,13 @@ func TestDuplicateRuleHeader(t *testing.T) {
 	equal(t, dup("User-Agent"), send("User-Agent: BadBot\r\n", "user-agent: fresh\r\n"), "a fresh User-Agent after the counted one")
 	equal(t, dup("Content-Type"), send("User-Agent: b\r\n", "Content-Type: application/json\r\n", "Content-Type: text/plain\r\n"), "Content-Type twice")
 	equal(t, 204, send("User-Agent: c\r\n", "Content-Type: application/json\r\n").status, "each once")
+
+	// The Lua variant passes one copy of some repeated headers and names
+	// them in X-Rategate-Repeated.
+	equal(t, dup("User-Agent"), send("User-Agent: d\r\n", "X-Rategate-Repeated: accept, USER-AGENT\r\n"), "User-Agent named repeated")
+	equal(t, dup("Content-Type"), send("User-Agent: e\r\n", "Content-Type: application/json\r\n", "X-Rategate-Repeated: content-type\r\n"),
+		"Content-Type named repeated")
+	equal(t, 204, send("User-Agent: f\r\n", "X-Rategate-Repeated: accept,user-agents, agent\r\n").status, "only other headers named")
 }
 
 // TestEscapedUsersDoNotShareCounters: user names that differ only in bytes

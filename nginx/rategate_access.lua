@@ -37,6 +37,13 @@ rategate's answer (or NGINX's, when it could not ask) is:
 A request with a control byte (other than a tab) in a header value gets 400
 before rategate is asked (has_control_byte, below, says why).
 
+The subrequest carries one copy of some headers the client sent twice
+(User-Agent, Content-Type, Referer, ...: NGINX keeps one value of each,
+and lua-nginx-module copies that one), while the application gets both
+and may read the other. So check() names every header the client repeated
+in X-Rategate-Repeated, and rategate refuses the request (400, a 500 here)
+when a rule reads one of them, as it does when it sees the copies itself.
+
 It records the decision in $rg_status, $rg_state, $rg_rule and
 $rg_remaining (set to "" by rategate-lua.conf) for $rategate_status, the
 application's X-RateLimit-Status and the "rategate" log format
@@ -156,6 +163,22 @@ local function has_control_byte()
     return false
 end
 
+-- REPEATED is the header that names, for rategate, the request headers the
+-- client sent more than once (rategate's handler reads it).
+local REPEATED = "X-Rategate-Repeated"
+
+-- repeated returns the names (lower case, ", " between them) of the
+-- request's headers sent more than once, or nil.
+local function repeated()
+    local names
+    for name, v in pairs(ngx.req.get_headers(0)) do
+        if type(v) == "table" then
+            names = names and (names .. ", " .. name) or name
+        end
+    end
+    return names
+end
+
 -- absolute reports whether the request line's target is in absolute form
 -- ("GET http://api.example/x HTTP/1.1"; origin form starts with "/",
 -- asterisk form is "*"). NGINX then serves the request for the target's
@@ -206,7 +229,10 @@ function _M.check(location)
         -- and the one the subrequest's $host is then read from
         ngx.req.set_header("Host", ngx.var.host)
     end
+    -- set or cleared: a client's own copy never reaches rategate
+    ngx.req.set_header(REPEATED, repeated())
     local res = capture(location or "/_rategate", { copy_all_vars = true })
+    ngx.req.clear_header(REPEATED) -- not the application's
     local status = res.status
     local header = lower(res.header)
     copy(HEADERS, header)

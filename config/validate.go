@@ -526,7 +526,16 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, id *Ident
 			continue
 		}
 		seen[p] = j
+		if p.Kind == limits.KeyHeader && p.Header == id.RequestIDHeader {
+			at(rr.Key.Line, "key[%d] %q: %s", j, s, requestIDProblem)
+			continue
+		}
 		r.Key = append(r.Key, p)
+	}
+	for _, hv := range rr.Match.Header.V {
+		if textproto.CanonicalMIMEHeaderKey(hv.Name) == id.RequestIDHeader {
+			at(hv.Line, "match.header %q: %s", hv.Name, requestIDProblem)
+		}
 	}
 
 	algOK := false
@@ -722,6 +731,10 @@ func parseKeyPart(s string) (p limits.KeyPart, msg string) {
 	}
 	return p, " must be one of ip, user, route, method, host, header:<Name>"
 }
+
+// requestIDProblem is why a rule cannot read identity.request_id_header:
+// NGINX sets it to $request_id, one value per request.
+const requestIDProblem = "is NGINX's $request_id (identity.request_id_header), a new value on every request: a rule on it never limits"
 
 // unpassedHeader says why a rule cannot read the client's header name
 // (canonical), or "" when it can. NGINX's proxy_pass, which carries the

@@ -111,6 +111,7 @@ func randomChecks(rng *rand.Rand, most int) int {
 // own instant (nothing held), and decide.lua's rg_careful in any state
 // (an undone write just before, and some requests after it).
 func TestBatchesMatchOneByOneAtRandom(t *testing.T) {
+	keepBoxes(t)
 	seed := uint64(randomBatchSeed)
 	if s := os.Getenv("RG_BATCH_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)

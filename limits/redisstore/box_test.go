@@ -6,6 +6,8 @@ import "testing"
 // allocation, and distinct values cannot grow the table past its bound
 // (nor evict what it holds).
 func TestBoxInt(t *testing.T) {
+	keepBoxes(t)
+	boxes.Store(&map[int64]any{}) // other tests may have filled it
 	for _, v := range []int64{0, 1, 255, 256, 60_000_000, -1, 1 << 40} {
 		if got := boxInt(v).(int64); got != v {
 			t.Fatalf("boxInt(%d) = %d", v, got)
@@ -14,14 +16,6 @@ func TestBoxInt(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = boxInt(60_000_000) }); n != 0 {
 		t.Fatalf("a known value allocates %v times", n)
 	}
-	// Filling the table is this test's own business: the package's other
-	// tests (TestManyArgsAllocs) need room for their values.
-	before := boxes.Load()
-	t.Cleanup(func() {
-		boxesMu.Lock()
-		defer boxesMu.Unlock()
-		boxes.Store(before)
-	})
 	for v := int64(1000); v < 1000+3*maxBoxes; v++ {
 		_ = boxInt(v)
 	}
@@ -47,4 +41,17 @@ func TestPoolSize(t *testing.T) {
 	if got := poolSize(3, CoalesceOptions{Disabled: true}); got != 3 {
 		t.Fatalf("coalescing off: pool %d, want the URL's 3", got)
 	}
+}
+
+// keepBoxes puts the boxed-value table back as it was when the test ends:
+// a test that boxes many values (filling it) is its own business, and the
+// package's other tests (TestBoxInt, TestManyArgsAllocs) need room for
+// theirs.
+func keepBoxes(t *testing.T) {
+	before := boxes.Load()
+	t.Cleanup(func() {
+		boxesMu.Lock()
+		defer boxesMu.Unlock()
+		boxes.Store(before)
+	})
 }

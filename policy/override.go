@@ -192,7 +192,9 @@ func (f overrideFields) parse(k string, v json.RawMessage, now time.Time, fail f
 			fail(k, "%v", err)
 		case time.Duration(d) < time.Millisecond || time.Duration(d) > maxTTL:
 			// under a millisecond the override would be stored already
-			// ended (Redis expires keys to the millisecond)
+			// ended: its end is read on each instance's clock (ExpiresAt,
+			// not a Redis key expiry), and storing it takes a Redis round
+			// trip, about that long
 			fail(k, "must be >= 1ms and <= %s, got %s", config.FormatDuration(maxTTL), config.FormatDuration(time.Duration(d)))
 		default:
 			exp := now.Add(time.Duration(d)).UTC()

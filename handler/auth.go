@@ -127,8 +127,9 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if h.headers != nil {
+		named := hdr.Peek(repeatedHeader)
 		for _, name := range h.headers.RuleHeaders() {
-			if repeated(hdr, name) {
+			if repeated(hdr, name, named) {
 				// NGINX passes every copy on, and the application may take
 				// another than the first, which a rule would count.
 				h.badRequest(ctx, []byte("duplicate "+name+" header: a header the rate-limit rules read must be sent once\n"),
@@ -233,9 +234,9 @@ func (h *Handler) clientIP(hdr *fasthttp.RequestHeader) (netip.Addr, bool) {
 // value of a few headers (the last one's), so for those the raw header
 // lines are counted. NGINX's Lua variant (nginx/rategate_access.lua)
 // passes one copy of some headers the client repeated, and names them in
-// X-Rategate-Repeated.
-func repeated(hdr *fasthttp.RequestHeader, name string) bool {
-	if len(hdr.PeekAll(name)) > 1 || listed(hdr.Peek(repeatedHeader), name) {
+// X-Rategate-Repeated (named, its value).
+func repeated(hdr *fasthttp.RequestHeader, name string, named []byte) bool {
+	if len(hdr.PeekAll(name)) > 1 || listed(named, name) {
 		return true
 	}
 	return slices.Contains(singleValued, name) && rawCount(hdr.RawHeaders(), name) > 1

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rategate/rategate/limits"
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 )
 
 // These tests run the hardened server of NewServer, with short timeouts,
@@ -35,9 +36,24 @@ func hardened(t *testing.T, opts ServerOptions) string {
 func hardenedOn(t *testing.T, opts ServerOptions, ln net.Listener) string {
 	t.Helper()
 	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
-	srv := NewServer(New(l, l, Options{}), opts)
+	return serveOn(t, NewServer(New(l, l, Options{}), opts), ln, LingerListener(ln, nil))
+}
+
+// serveNew serves h with NewServer's defaults on a loopback port until
+// the test ends, and returns the address.
+func serveNew(t *testing.T, h *Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	noErr(t, err)
+	return serveOn(t, NewServer(h, ServerOptions{}), ln, ln)
+}
+
+// serveOn runs srv on served (ln, or a wrapper of it) until the test ends,
+// then closes ln, and returns ln's address.
+func serveOn(t *testing.T, srv *fasthttp.Server, ln, served net.Listener) string {
+	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(LingerListener(ln, nil)) }()
+	go func() { done <- srv.Serve(served) }()
 	t.Cleanup(func() {
 		noErr(t, ln.Close())
 		noErr(t, <-done)
@@ -501,23 +517,15 @@ func (p panicky) Decide(ctx context.Context, req *limits.Request, d *limits.Deci
 func TestServerSurvivesAPanickingDecision(t *testing.T) {
 	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
 	var logs syncBuffer
-	srv := NewServer(New(panicky{l}, l, Options{Logger: zerolog.New(&logs)}), ServerOptions{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	noErr(t, err)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		noErr(t, ln.Close())
-		noErr(t, <-done)
-	})
-	c := dial(t, ln.Addr().String())
+	addr := serveNew(t, New(panicky{l}, l, Options{Logger: zerolog.New(&logs)}))
+	c := dial(t, addr)
 	br := bufio.NewReader(c)
-	_, err = io.WriteString(c, "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-User-Id: boom\r\n\r\n")
+	_, err := io.WriteString(c, "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-User-Id: boom\r\n\r\n")
 	noErr(t, err)
 	status, _ := readStatus(t, br)
 	equal(t, 500, status, "the request whose decision panicked")
 	for range 3 {
-		c := dial(t, ln.Addr().String())
+		c := dial(t, addr)
 		_, err := io.WriteString(c, goodRequest)
 		noErr(t, err)
 		status, _ := readStatus(t, bufio.NewReader(c))

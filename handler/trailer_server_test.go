@@ -3,7 +3,6 @@ package handler
 import (
 	"bufio"
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -21,18 +20,10 @@ import (
 // server too.)
 func TestTrailerNeverNamesTheClientOnNewServer(t *testing.T) {
 	l, _ := newLimiter(t, rule("per-user", 1, time.Hour, limits.KeyUser))
-	srv := NewServer(New(l, l, Options{}), ServerOptions{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	noErr(t, err)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		noErr(t, ln.Close())
-		noErr(t, <-done)
-	})
+	addr := serveNew(t, New(l, l, Options{}))
 	send := func(req string) int {
 		t.Helper()
-		c := dial(t, ln.Addr().String())
+		c := dial(t, addr)
 		_, err := io.WriteString(c, req)
 		noErr(t, err)
 		status, _ := readStatus(t, bufio.NewReader(c))

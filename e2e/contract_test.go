@@ -166,6 +166,20 @@ type authLayer struct {
 	addr string
 	mu   sync.Mutex
 	seen int
+	// forwarded is what the last check said the request was: its
+	// X-Original-URL, X-Forwarded-* and X-Real-IP headers.
+	forwarded map[string]string
+}
+
+// forwardedHeaders are the headers an auth layer may read the request from.
+var forwardedHeaders = []string{"X-Original-URI", "X-Original-URL", "X-Original-Method", "X-Forwarded-Method", "X-Forwarded-Proto",
+	"X-Forwarded-Host", "X-Forwarded-Uri", "X-Forwarded-For", "X-Real-IP"}
+
+// lastForwarded returns what the last check said the request was.
+func (a *authLayer) lastForwarded() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.forwarded
 }
 
 func startAuthLayer(t *testing.T) *authLayer {
@@ -176,8 +190,13 @@ func startAuthLayer(t *testing.T) *authLayer {
 	}
 	a := &authLayer{addr: ln.Addr().String()}
 	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fw := map[string]string{}
+		for _, h := range forwardedHeaders {
+			fw[h] = strings.Join(r.Header.Values(h), " | ")
+		}
 		a.mu.Lock()
 		a.seen++
+		a.forwarded = fw
 		a.mu.Unlock()
 		c, err := r.Cookie("session")
 		if r.URL.Path != "/oauth2/auth" || err != nil || !strings.HasPrefix(c.Value, "u-") {
@@ -537,6 +556,23 @@ func TestAuthLayer(t *testing.T) {
 				r := nx.do(t, req)
 				if r.Status != 429 || r.Header.Get("X-RateLimit-Rule") != "per-user" {
 					t.Errorf("%s: the 11th request: %v, want 429 by per-user", user, r)
+				}
+			}
+			// The auth layer is told the request NGINX serves, whatever
+			// the client says it is (an auth layer that reads these
+			// headers would otherwise authorize another page).
+			forged := request{Path: "/user/feed?x=1", Header: []string{"Cookie: session=u-carol-" + v.name,
+				"X-Original-URL: http://evil.example/public", "X-Forwarded-Uri: /public", "X-Forwarded-Host: evil.example",
+				"X-Forwarded-Proto: https", "X-Forwarded-Method: GET", "X-Original-Method: GET", "X-Forwarded-For: 203.0.113.9",
+				"X-Real-IP: 203.0.113.9"}}
+			forged.Method = "POST"
+			nx.do(t, forged)
+			fw := auth.lastForwarded()
+			for h, want := range map[string]string{"X-Original-URI": "/user/feed?x=1", "X-Forwarded-Uri": "/user/feed?x=1",
+				"X-Forwarded-Host": "127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Method": "POST", "X-Original-Method": "POST",
+				"X-Original-URL": "http://127.0.0.1/user/feed?x=1", "X-Forwarded-For": "127.0.0.1", "X-Real-IP": "127.0.0.1"} {
+				if fw[h] != want {
+					t.Errorf("the auth layer got %s %q, want NGINX's %q (the client sent its own)", h, fw[h], want)
 				}
 			}
 			// No session: the auth layer's 401, rategate never asked.

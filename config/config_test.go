@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -668,6 +669,22 @@ func TestTrustedProxiesEmptyListTrustsNone(t *testing.T) {
 	}
 	if len(c.Identity.TrustedProxies) != 0 {
 		t.Errorf("TrustedProxies = %v, want none", c.Identity.TrustedProxies)
+	}
+}
+
+// TestTrustedProxiesIPv4Mapped: a proxy written IPv4-mapped (as NGINX
+// shows a peer on a dual-stack listen) is its IPv4 address or range, as
+// /auth reads every hop; kept IPv6 it matched no hop, and every client
+// was counted as the proxy.
+func TestTrustedProxiesIPv4Mapped(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`identity: {trusted_proxies: ["::ffff:127.0.0.1", "::ffff:10.0.0.0/104", "::ffff:192.0.2.9/120", "2001:db8::/32"]}`+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("10.0.0.0/8"),
+		netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+	if !slices.Equal(c.Identity.TrustedProxies, want) {
+		t.Errorf("TrustedProxies = %v, want %v", c.Identity.TrustedProxies, want)
 	}
 }
 

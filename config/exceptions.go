@@ -321,9 +321,6 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 				at("match ip %q is not an IP address or a CIDR range", v)
 				return ex, false
 			}
-			if a := pfx.Addr(); a.Is4In6() {
-				pfx = netip.PrefixFrom(a.Unmap(), max(pfx.Bits()-96, 0)).Masked()
-			}
 			bits := pfx.Addr().BitLen()
 			if pfx.Addr().Is6() {
 				bits = min(id.IPv6Prefix, 128)

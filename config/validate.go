@@ -457,17 +457,31 @@ func header(d *decoder, v *opt[string], path, def string, emptyOK bool) string {
 	return textproto.CanonicalMIMEHeaderKey(v.V)
 }
 
-// parsePrefix reads a CIDR or a bare IP (a /32 or /128).
+// parsePrefix reads a CIDR or a bare IP (a /32 or /128). An IPv4-mapped
+// one (::ffff:198.51.100.7, ::ffff:10.0.0.0/104) is its IPv4 range, as
+// /auth reads an IPv4-mapped client or hop as its IPv4 address: kept as
+// an IPv6 range it would match none (a trusted proxy never trusted, every
+// client counted as the proxy). After masking, an address can only be
+// IPv4-mapped when the range is /96 or narrower.
 func parsePrefix(s string) (netip.Prefix, bool) {
+	var p netip.Prefix
 	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		return p.Masked(), err == nil
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return netip.Prefix{}, false
+		}
+		p = p.Masked()
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return netip.Prefix{}, false
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
 	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return netip.Prefix{}, false
+	if a := p.Addr(); a.Is4In6() {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 	}
-	return netip.PrefixFrom(a, a.BitLen()), true
+	return p, true
 }
 
 // ValidMethod reports whether s can be a request's method (an RFC 9110

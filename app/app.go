@@ -460,7 +460,7 @@ func (a *App) Run(ctx context.Context, ready func(main, admin net.Addr)) error {
 		// A malformed request's raw head (its bearer token with it) is
 		// neither logged nor echoed in the 400, as on the main listener.
 		SecureErrorLogMessage: true,
-		Logger:                fasthttpLogger{a.log},
+		Logger:                handler.FasthttpLogger(a.log),
 	}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(handler.LingerListener(ln, acceptLogger(a.log, "main"))) }()

@@ -2,8 +2,6 @@ package app
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -22,43 +20,6 @@ func NewRedisLogger(log zerolog.Logger) RedisLogger {
 // Printf implements go-redis's logging interface.
 func (l RedisLogger) Printf(_ context.Context, format string, args ...any) {
 	l.log.Warn().Str("component", "go-redis").Msgf(format, args...)
-}
-
-// fasthttpLogger routes the admin server's fasthttp messages (e.g.
-// malformed requests) to zerolog at debug level: they are about clients,
-// not about rategate.
-//
-// What a client sent is left out: fasthttp quotes an invalid header value
-// in some messages whatever SecureErrorLogMessage says, and on the admin
-// listener that value can be the Authorization header, its token with it.
-type fasthttpLogger struct{ log zerolog.Logger }
-
-func (l fasthttpLogger) Printf(format string, args ...any) {
-	if e := l.log.Debug(); e.Enabled() {
-		e.Msg(withoutQuoted(fmt.Sprintf(format, args...)))
-	}
-}
-
-// withoutQuoted replaces every double-quoted part of msg (Go's %q: a
-// backslash escapes a quote) by "…", keeping the rest.
-func withoutQuoted(msg string) string {
-	var b strings.Builder
-	in := false
-	for i := 0; i < len(msg); i++ {
-		c := msg[i]
-		switch {
-		case !in && c == '"':
-			in = true
-			b.WriteString(`"…"`)
-		case in && c == '\\':
-			i++ // the escaped byte
-		case in && c == '"':
-			in = false
-		case !in:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
 }
 
 // acceptLogger reports a listener's failed accepts (handler.LingerListener

@@ -534,3 +534,18 @@ func TestServerSurvivesAPanickingDecision(t *testing.T) {
 	check(t, logs.lines("assignment to entry in nil map") == 1 && logs.lines("panicky.Decide") == 1,
 		"the panic and its stack are not logged once: %d, %d lines", logs.lines("assignment to entry in nil map"), logs.lines("panicky.Decide"))
 }
+
+// TestServerLogsNoHeaderValue: fasthttp quotes an invalid header value in
+// its message about the connection, SecureErrorLogMessage or not; the
+// value (an API key a rule reads, say) must not reach the log.
+func TestServerLogsNoHeaderValue(t *testing.T) {
+	var out syncBuffer
+	addr := hardened(t, ServerOptions{Logger: zerolog.New(&out).Level(zerolog.DebugLevel)})
+	c := dial(t, addr)
+	_, err := io.WriteString(c, "GET /auth HTTP/1.1\r\nHost: x\r\nX-Api-Key: SECRETKEY\x01x\r\n\r\n")
+	noErr(t, err)
+	_, _ = io.Copy(io.Discard, c)
+	c.Close()
+	check(t, out.lines(`"component":"fasthttp"`) == 1, "want the refused connection logged once: %d lines", out.lines(`"component":"fasthttp"`))
+	check(t, out.lines("SECRETKEY") == 0, "the header value reached the log")
+}

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"time"
@@ -117,10 +118,11 @@ func NewServer(h *Handler, opts ServerOptions) *fasthttp.Server {
 		CloseOnShutdown:       true,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
-		// fasthttp's error messages leave the request's bytes out: hostile
-		// input must not reach the log.
+		// fasthttp's error messages leave the request's bytes out (but for
+		// quoted values, which FasthttpLogger drops): hostile input must
+		// not reach the log.
 		SecureErrorLogMessage: true,
-		Logger:                newFasthttpLogger(opts.Logger),
+		Logger:                FasthttpLogger(opts.Logger),
 	}
 }
 
@@ -150,17 +152,20 @@ func refusal(writeTimeout time.Duration) func(*fasthttp.RequestCtx, error) {
 	}
 }
 
-// fasthttpLogger routes fasthttp's messages to zerolog, at most a few lines
-// per second plus every 1000th. Messages about one client's malformed
-// request are debug; the connection limits being hit is a warning (fasthttp
-// itself says so at most once a minute).
-type fasthttpLogger struct{ log zerolog.Logger }
-
-func newFasthttpLogger(log zerolog.Logger) fasthttpLogger {
+// FasthttpLogger routes a fasthttp server's messages to log, at most a
+// few lines per second plus every 1000th. Messages about one client's
+// malformed request are debug; the connection limits being hit is a
+// warning (fasthttp itself says so at most once a minute). What a client
+// sent is left out: fasthttp quotes an invalid header value in some
+// messages whatever SecureErrorLogMessage says (an API key a rule reads,
+// an admin listener's bearer token).
+func FasthttpLogger(log zerolog.Logger) fasthttp.Logger {
 	return fasthttpLogger{log: log.Sample(&zerolog.BurstSampler{
 		Burst: 5, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000},
 	})}
 }
+
+type fasthttpLogger struct{ log zerolog.Logger }
 
 // Printf implements fasthttp.Logger.
 func (l fasthttpLogger) Printf(format string, args ...any) {
@@ -169,5 +174,29 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 		strings.HasPrefix(format, "The number of connections from") {
 		ev = l.log.Warn()
 	}
-	ev.Str("component", "fasthttp").Msgf(format, args...)
+	if ev.Enabled() {
+		ev.Str("component", "fasthttp").Msg(withoutQuoted(fmt.Sprintf(format, args...)))
+	}
+}
+
+// withoutQuoted replaces every double-quoted part of msg (Go's %q: a
+// backslash escapes a quote) by "…", keeping the rest.
+func withoutQuoted(msg string) string {
+	var b strings.Builder
+	in := false
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		switch {
+		case !in && c == '"':
+			in = true
+			b.WriteString(`"…"`)
+		case in && c == '\\':
+			i++ // the escaped byte
+		case in && c == '"':
+			in = false
+		case !in:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }

@@ -651,7 +651,7 @@ func (x *Identities) heard(ctx context.Context, c limits.IdentityChange, events 
 	switch {
 	case c.Version == x.version && x.last.Version == c.Version && (x.last.Rule != c.Rule || x.last.ID != c.ID || x.last.Value != c.Value):
 		x.mu.Unlock()
-		x.log.Warn().Uint64("version", c.Version).Msg("an identity override change reuses the number of another: the store's counter went back (data lost, or a failover to a replica that missed changes); reading them all")
+		x.log.Warn().Uint64("version", c.Version).Msg(reusedNumber)
 		return x.full(ctx)
 	case c.Version <= x.version:
 		// Already applied: a full read covered it.
@@ -721,6 +721,10 @@ func (x *Identities) await(ctx context.Context, events <-chan limits.IdentityCha
 	}
 	return true
 }
+
+// reusedNumber is the warning when a change comes with the number of
+// another already applied.
+const reusedNumber = "an identity override change reuses the number of another: the store's counter went back (data lost, or a failover to a replica that missed changes); reading them all"
 
 // Resync has Run read every stored override again, soon: what the store
 // lost (its data, a failover to a replica that missed changes) may have
@@ -847,7 +851,7 @@ func (x *Identities) settle(ctx context.Context, v uint64, rule, id, value strin
 		// The number this instance applied last, for something else:
 		// the store's counter went back; Run reads everything.
 		x.mu.Unlock()
-		x.log.Warn().Uint64("version", v).Msg("an identity override change reuses the number of another: the store's counter went back (data lost, or a failover to a replica that missed changes); reading them all")
+		x.log.Warn().Uint64("version", v).Msg(reusedNumber)
 		x.Resync()
 		return
 	}

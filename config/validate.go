@@ -526,11 +526,11 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, id *Ident
 		}
 	}
 
-	compileMatch(&rr.Match, &r.Match, id.PathParams, at)
+	compileMatch(&rr.Match, &r.Match, id, at)
 
 	seen := map[limits.KeyPart]int{}
 	for j, s := range rr.Key.V {
-		p, msg := parseKeyPart(s)
+		p, msg := parseKeyPart(s, id.RequestIDHeader)
 		if msg != "" {
 			at(rr.Key.Line, "key[%d] %q%s", j, s, msg)
 			continue
@@ -540,16 +540,7 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, id *Ident
 			continue
 		}
 		seen[p] = j
-		if p.Kind == limits.KeyHeader && p.Header == id.RequestIDHeader {
-			at(rr.Key.Line, "key[%d] %q: %s", j, s, requestIDProblem)
-			continue
-		}
 		r.Key = append(r.Key, p)
-	}
-	for _, hv := range rr.Match.Header.V {
-		if textproto.CanonicalMIMEHeaderKey(hv.Name) == id.RequestIDHeader {
-			at(hv.Line, "match.header %q: %s", hv.Name, requestIDProblem)
-		}
 	}
 
 	algOK := false
@@ -643,7 +634,8 @@ func compileRule(d *decoder, rr *rawRule, i int, names map[string]int, id *Ident
 	return r
 }
 
-func compileMatch(m *rawMatch, out *limits.Match, pp limits.PathParams, at func(line int, format string, args ...any)) {
+func compileMatch(m *rawMatch, out *limits.Match, id *Identity, at func(line int, format string, args ...any)) {
+	pp := id.PathParams
 	if v := &m.Path; v.ok() && v.V != "" {
 		switch {
 		case strings.HasPrefix(v.V, "~"):
@@ -701,7 +693,7 @@ func compileMatch(m *rawMatch, out *limits.Match, pp limits.PathParams, at func(
 			continue
 		}
 		name := textproto.CanonicalMIMEHeaderKey(h.Name)
-		if msg := unpassedHeader(name, "match.host"); msg != "" {
+		if msg := unpassedHeader(name, "match.host", id.RequestIDHeader); msg != "" {
 			at(h.Line, "match.header %q %s", h.Name, msg)
 			continue
 		}
@@ -720,7 +712,7 @@ func compileMatch(m *rawMatch, out *limits.Match, pp limits.PathParams, at func(
 }
 
 // parseKeyPart reads one `key:` element; msg completes `key[1] "x"` on failure.
-func parseKeyPart(s string) (p limits.KeyPart, msg string) {
+func parseKeyPart(s, requestID string) (p limits.KeyPart, msg string) {
 	switch s {
 	case "ip":
 		return limits.KeyPart{Kind: limits.KeyIP}, ""
@@ -738,7 +730,7 @@ func parseKeyPart(s string) (p limits.KeyPart, msg string) {
 			return p, fmt.Sprintf(": %q is not a valid header name", name)
 		}
 		canon := textproto.CanonicalMIMEHeaderKey(name)
-		if msg := unpassedHeader(canon, "key: [host]"); msg != "" {
+		if msg := unpassedHeader(canon, "key: [host]", requestID); msg != "" {
 			return p, ": header " + msg
 		}
 		return limits.KeyPart{Kind: limits.KeyHeader, Header: canon}, ""
@@ -746,19 +738,19 @@ func parseKeyPart(s string) (p limits.KeyPart, msg string) {
 	return p, " must be one of ip, user, route, method, host, header:<Name>"
 }
 
-// requestIDProblem is why a rule cannot read identity.request_id_header:
-// NGINX sets it to $request_id, one value per request.
-const requestIDProblem = "is NGINX's $request_id (identity.request_id_header), a new value on every request: a rule on it never limits"
-
 // unpassedHeader says why a rule cannot read the client's header name
 // (canonical), or "" when it can. NGINX's proxy_pass, which carries the
 // auth subrequest, sends Host as the upstream's name and drops or rewrites
 // the hop-by-hop and framing headers whatever the client sent: a rule
 // matching on one would never match (a limit that never applies), one
 // keyed on it would give every client one counter. hostRule names what
-// reads the client's host instead.
-func unpassedHeader(name, hostRule string) string {
+// reads the client's host instead. requestID is identity.request_id_header,
+// which NGINX sets to $request_id: new on every request, a rule on it
+// would never limit.
+func unpassedHeader(name, hostRule, requestID string) string {
 	switch name {
+	case requestID:
+		return "is NGINX's $request_id (identity.request_id_header), a new value on every request: a rule on it never limits"
 	case "Host":
 		return "is the upstream's name on the auth subrequest (NGINX's proxy_pass sets it), not the client's host: use " + hostRule
 	case "Connection", "Content-Length", "Transfer-Encoding", "Te", "Keep-Alive", "Expect", "Upgrade":

@@ -49,18 +49,10 @@ func newDCInstance(t *testing.T, srv *testredis.Server, prefix string) *dcInstan
 // newDCInstanceAt is newDCInstance on the Redis at addr (a proxy, say).
 func newDCInstanceAt(t *testing.T, addr, prefix string) *dcInstance {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Redis.URL = "redis://" + addr + "/0"
-	cfg.Redis.KeyPrefix = prefix
-	a, err := New(cfg, Options{Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	resetsReady(t, a)
+	a := redisApp(t, denyYAML, func(cfg *config.Config) {
+		cfg.Redis.URL = "redis://" + addr + "/0"
+		cfg.Redis.KeyPrefix = prefix
+	})
 	l := a.Limiter()
 	if l.DenyCache() == nil {
 		t.Fatal("no deny cache on a single Redis")

@@ -97,3 +97,22 @@ func fileApp(t *testing.T, yaml string, log zerolog.Logger) (*App, func(string))
 	t.Cleanup(a.Close)
 	return a, write
 }
+
+// redisApp starts an App on yaml with set applied to the parsed config
+// (its Redis, its key prefix), closed when the test ends, once its
+// subscription to key resets is up.
+func redisApp(t *testing.T, yaml string, set func(*config.Config)) *App {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set(cfg)
+	a, err := New(cfg, Options{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	resetsReady(t, a)
+	return a
+}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rategate/rategate/config"
@@ -30,18 +29,10 @@ type sentinelInstance struct {
 
 func newSentinelInstance(t *testing.T, s *testredis.SentinelSetup, prefix string) *sentinelInstance {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(sentinelIdentitiesYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Redis.Sentinel = config.Sentinel{Master: s.Master, Addrs: s.Addrs()}
-	cfg.Redis.KeyPrefix = prefix
-	a, err := New(cfg, Options{Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	resetsReady(t, a)
+	a := redisApp(t, sentinelIdentitiesYAML, func(cfg *config.Config) {
+		cfg.Redis.Sentinel = config.Sentinel{Master: s.Master, Addrs: s.Addrs()}
+		cfg.Redis.KeyPrefix = prefix
+	})
 	return &sentinelInstance{app: a, admin: serveOn(t, a.AdminHandler())}
 }
 

@@ -496,14 +496,32 @@ func TestServerRefusalAfterIdleIsWritten(t *testing.T) {
 }
 
 // panicky is a Decider with a bug that one client can reach: it panics on
-// the user "boom" and decides everything else with next.
-type panicky struct{ next Decider }
+// the user "boom" and decides everything else with next. It keeps the
+// Decision it panicked with (so its memory is never handed out again as a
+// new one) and counts later decisions given that same Decision: a
+// scratch whose decision panicked is in an unknown state and must not be
+// reused.
+type panicky struct {
+	next Decider
+	mu   sync.Mutex
+	// broken is the Decision a panic left behind, reused counts later
+	// decisions handed it again.
+	broken *limits.Decision
+	reused int
+}
 
-func (p panicky) Decide(ctx context.Context, req *limits.Request, d *limits.Decision) error {
+func (p *panicky) Decide(ctx context.Context, req *limits.Request, d *limits.Decision) error {
+	p.mu.Lock()
+	if d == p.broken {
+		p.reused++
+	}
 	if string(req.User) == "boom" {
+		p.broken = d
+		p.mu.Unlock()
 		var m map[string]int
 		m["x"]++ // a nil map write: the kind of bug a request may meet
 	}
+	p.mu.Unlock()
 	return p.next.Decide(ctx, req, d)
 }
 
@@ -513,26 +531,34 @@ func (p panicky) Decide(ctx context.Context, req *limits.Request, d *limits.Deci
 // to itself, fasthttp does not recover a handler's panic: the process
 // died, and every NGINX in front of it decided by $rategate_on_failure
 // (open: every request let through) until it was restarted; the client
-// could do it again at every restart.
+// could do it again at every restart. The scratch the panic left is
+// dropped: later requests never decide with it.
 func TestServerSurvivesAPanickingDecision(t *testing.T) {
 	l, _ := newLimiter(t, rule("per-ip", 1<<30, time.Minute, limits.KeyIP))
 	var logs syncBuffer
-	addr := serveNew(t, New(panicky{l}, l, Options{Logger: zerolog.New(&logs)}))
+	p := &panicky{next: l}
+	addr := serveNew(t, New(p, l, Options{Logger: zerolog.New(&logs)}))
 	c := dial(t, addr)
 	br := bufio.NewReader(c)
 	_, err := io.WriteString(c, "GET /auth HTTP/1.1\r\nHost: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\nX-User-Id: boom\r\n\r\n")
 	noErr(t, err)
 	status, _ := readStatus(t, br)
 	equal(t, 500, status, "the request whose decision panicked")
-	for range 3 {
+	// Many connections, one at a time: each served by a new goroutine, on
+	// either P, so a scratch put back into either P's pool would be met.
+	for range 40 {
 		c := dial(t, addr)
 		_, err := io.WriteString(c, goodRequest)
 		noErr(t, err)
 		status, _ := readStatus(t, bufio.NewReader(c))
 		equal(t, 204, status, "a request after the panic")
+		c.Close()
 	}
-	check(t, logs.lines("assignment to entry in nil map") == 1 && logs.lines("panicky.Decide") == 1,
-		"the panic and its stack are not logged once: %d, %d lines", logs.lines("assignment to entry in nil map"), logs.lines("panicky.Decide"))
+	check(t, logs.lines("assignment to entry in nil map") == 1 && logs.lines("(*panicky).Decide") == 1,
+		"the panic and its stack are not logged once: %d, %d lines", logs.lines("assignment to entry in nil map"), logs.lines("(*panicky).Decide"))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	check(t, p.broken != nil && p.reused == 0, "the scratch whose decision panicked decided %d later requests", p.reused)
 }
 
 // TestServerLogsNoHeaderValue: fasthttp quotes an invalid header value in

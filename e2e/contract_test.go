@@ -204,6 +204,7 @@ func startAuthLayer(t *testing.T) *authLayer {
 			return
 		}
 		w.Header().Set("X-Auth-Request-User", strings.TrimPrefix(c.Value, "u-"))
+		w.Header().Set("X-Auth-Request-Email", strings.TrimPrefix(c.Value, "u-")+"@example.org")
 		w.WriteHeader(http.StatusAccepted)
 	})}
 	go srv.Serve(ln)
@@ -542,15 +543,29 @@ func TestAuthLayer(t *testing.T) {
 				rategates: []string{rgs[v.denyStatus].addr()}, app: m.app.addr, auth: auth.addr, extra: v.extra,
 			})
 			for _, user := range []string{"alice-" + v.name, "bob-" + v.name} {
-				req := request{Path: "/user/feed", Header: []string{"Cookie: session=u-" + user,
-					"X-User: mallory", "X-User-Id: mallory"}} // ignored: the auth layer says who
+				// The client's own user headers are ignored: the auth
+				// layer says who, to rategate and to the application.
+				req := request{Path: "/user/feed", Header: []string{"Cookie: session=u-" + user, "X-User-Id: mallory"}}
+				for _, h := range identityHeaders {
+					req.Header = append(req.Header, h+": mallory")
+				}
 				rs := nx.doMany(t, repeat(req, 10), 4)
 				for i, r := range rs {
 					if r.Status != 200 {
 						t.Fatalf("%s: request %d of 10: %v (behind one IP, each user has a full limit)", user, i+1, r)
 					}
-					if e := echo(t, r); e.XUserID != user {
+					e := echo(t, r)
+					if e.XUserID != user {
 						t.Errorf("%s: the app saw X-User-Id %q", user, e.XUserID)
+					}
+					for _, h := range identityHeaders {
+						want := user
+						if strings.HasSuffix(h, "Email") {
+							want = user + "@example.org"
+						}
+						if e.Users[h] != want {
+							t.Errorf("%s: the app saw %s %q, want the auth layer's %q (the client sent mallory)", user, h, e.Users[h], want)
+						}
 					}
 				}
 				r := nx.do(t, req)

@@ -396,7 +396,16 @@ type appEcho struct {
 	XRequestID          string `json:"x_request_id"`
 	// XLocation is set by a test's own config: which location proxied.
 	XLocation string `json:"x_location"`
+	// Users holds every copy of the headers applications read the
+	// signed-in user from (identityHeaders), joined by " | ", absent when
+	// none came.
+	Users map[string]string `json:"users"`
 }
+
+// identityHeaders are the headers an application behind an auth layer may
+// take as the signed-in user: the auth configs set each from the auth
+// layer's answer.
+var identityHeaders = []string{"X-User", "X-Auth-Request-User", "Remote-User", "X-Email", "X-Auth-Request-Email", "Remote-Email"}
 
 func startApp(t testing.TB) *app {
 	t.Helper()
@@ -421,6 +430,14 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if has {
 		e.XUserID = strings.Join(user, ",")
+	}
+	for _, h := range identityHeaders {
+		if v, ok := r.Header[h]; ok {
+			if e.Users == nil {
+				e.Users = map[string]string{}
+			}
+			e.Users[h] = strings.Join(v, " | ")
+		}
 	}
 	if st, ok := r.Header["X-Ratelimit-Status"]; ok {
 		e.HasXRateLimitStatus, e.XRateLimitStatus = true, strings.Join(st, ",")

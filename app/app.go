@@ -220,7 +220,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 }
 
 // wireRedis adds what a shared Redis store needs to the limiter's options:
-// the breaker, the local fallback, the deny cache (not on a cluster), and
+// the breaker, the local fallback, the deny cache, and
 // the background tasks and metrics that go with them.
 func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Options) {
 	m := a.metrics
@@ -279,24 +279,18 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 	})
 
 	// Identities Redis denied are answered here until their retry time.
-	// Not on a cluster: a cross-slot refund lands one round trip after a
-	// denial another request saw, so that denial's retry can be too late.
-	switch {
-	case !cfg.DenyCache.Enabled:
-	case rs.Topology() == redisstore.Cluster:
-		a.log.Info().Msg("deny cache off on Redis Cluster: a cross-slot refund can make an earlier denial's retry time too late, so a cached denial would not be exact")
-	default:
+	if cfg.DenyCache.Enabled {
 		dc := limits.NewDenyCache(cfg.DenyCache.MaxEntries)
 		lo.DenyCache = dc
 		// A key reset on any instance (DELETE /v1/keys/...) reaches every
 		// instance's cache through pub/sub.
 		a.resets = redisstore.NewResets(rs.Client(), cfg.Redis.KeyPrefix, dc, a.log)
 		a.goBG(a.resets.Run)
-		// So does a late refund: a denial Redis made between a commit
-		// whose caller gave up and its refund counted the refunded units.
-		// (Unannounced, the denial stays cached until its retry: strict,
-		// never loose.)
-		rs.OnLateRefund(func(ctx context.Context, key string) { _ = dc.KeyReset(ctx, key) })
+		// So does a refund: a denial Redis made between a commit and its
+		// refund (a cluster decision that a later slot denied, a commit
+		// whose caller gave up) counted the refunded units. (Unannounced,
+		// the denial stays cached until its retry: strict, never loose.)
+		rs.OnRefund(func(ctx context.Context, key string) { _ = dc.KeyReset(ctx, key) })
 	}
 
 	a.top.SetShared(redisstore.NewTop(rs.Client(), cfg.Redis.KeyPrefix))

@@ -49,13 +49,10 @@ func (c *Config) Describe() string {
 		} else {
 			line("scripts", "EVALSHA (redis.functions: false)")
 		}
-		switch {
-		case !c.DenyCache.Enabled:
-			line("deny cache", "off")
-		case len(c.Redis.ClusterAddrs) > 0:
-			line("deny cache", "off on Redis Cluster (a refund can make an earlier denial too long)")
-		default:
+		if c.DenyCache.Enabled {
 			line("deny cache", "up to %d identities denied by Redis answered locally until their retry time", c.DenyCache.MaxEntries)
+		} else {
+			line("deny cache", "off")
 		}
 	}
 	mode := c.FailureMode.String()

@@ -69,15 +69,19 @@ import (
 //     other instances (ResetAnnouncer; redisstore.Resets over pub/sub), which
 //     forget it too. An instance whose subscription was interrupted clears
 //     its whole cache when it is back, since it may have missed a reset.
-//   - Redis Cluster refunds (cluster.go): a request denied in one slot is
-//     refunded in the slots that admitted it, one round trip later. A refund
-//     only gives back what that request took, so it never makes the state
-//     looser than without the request; but a denial another request saw in
-//     between was computed with that quota still held, and its RetryUS is
-//     then later than the truth after the refund. Uncached that strictness
-//     lasts a round trip; cached it would last until RetryUS. So the cache
-//     must not be given to a limiter over a cluster store (the wiring
-//     leaves it off there).
+//   - Refunds (redisstore's cluster.go): a Redis Cluster request denied in
+//     one slot is refunded in the slots that admitted it, one round trip
+//     later, and a commit whose caller gave up is refunded when its reply
+//     comes. A refund only gives back what that request took, so it never
+//     makes the state looser than without the request; but a denial
+//     another request saw in between was computed with that quota still
+//     held, and its RetryUS is then later than the truth after the refund.
+//     Uncached that strictness lasts a round trip; cached it would last
+//     until RetryUS. So every refund, once done, is handled as a key reset
+//     of its keys (KeyReset: forgotten here, announced to the others; the
+//     generation bump keeps a decision that saw the held quota from
+//     inserting after it). What remains is the announcement's delay, on
+//     the strict side.
 //   - Clocks: the store's clock is Redis TIME and the cache's is this
 //     process's monotonic clock. Their rates differ by the two hosts'
 //     frequency errors (a few ppm, up to 500 ppm while NTP slews), so a

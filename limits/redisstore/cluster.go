@@ -194,6 +194,7 @@ func (s *Store) decideSlots(ctx context.Context, b *limits.Batch, results []limi
 			s.refundLater(j)
 		} else {
 			s.bg.stats.refunded.Add(1)
+			s.announceRefund(ctx, j)
 		}
 	}
 	return false, nil

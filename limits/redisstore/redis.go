@@ -79,17 +79,43 @@ type Store struct {
 	co    *coalescer
 	nodes *clusterNodes
 	late  lateStats
-	// refunded, when set, is told each key a late refund gave units back
-	// to (OnLateRefund).
+	// refunded, when set, is told each key a refund gave units back to
+	// (OnRefund).
 	refunded atomic.Pointer[func(ctx context.Context, key string)]
 }
 
-// OnLateRefund makes the store call f with each key a late refund gave
-// units back to, once it has: a denial Redis made between the late commit
-// and its refund counted units that are back now, so whoever cached it
-// (the deny cache, on every instance) must forget it.
-func (s *Store) OnLateRefund(f func(ctx context.Context, key string)) {
+// OnRefund makes the store call f with each key a refund gave units back
+// to, once it has: the refund of a cluster decision that one slot denied
+// after others admitted, and the late refund of a decision whose caller
+// gave up. A denial Redis made between the commit and its refund counted
+// units that are back now, so whoever cached it (the deny cache, on every
+// instance) must forget it. f runs in the background, apart from the
+// request the refund was part of.
+func (s *Store) OnRefund(f func(ctx context.Context, key string)) {
 	s.refunded.Store(&f)
+}
+
+// announceRefund tells OnRefund's f the keys j gave units back to, in the
+// background (or here, when the background is full or closed: f's work is
+// what keeps other instances from denying too long).
+func (s *Store) announceRefund(ctx context.Context, j *refundJob) {
+	f := s.refunded.Load()
+	if f == nil {
+		return
+	}
+	keys := j.keys[:len(j.keys)-1] // the last is the marker
+	tell := func(ctx context.Context) {
+		for _, key := range keys {
+			(*f)(ctx, key)
+		}
+	}
+	if !s.bg.goRun(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, backgroundRefundTimeout)
+		defer cancel()
+		tell(ctx)
+	}) {
+		tell(ctx)
+	}
 }
 
 // lateStats counts the calls whose caller gave up before their reply.

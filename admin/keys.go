@@ -100,16 +100,19 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, pp l
 			}
 		case limits.KeyRoute:
 			if v, ok := need("route"); ok {
+				if msg := config.RouteValueProblem(string(v), pp); msg != "" {
+					problems = append(problems, fmt.Sprintf("route: %q %s", v, msg))
+				}
 				req.Route = pp.Normalize(nil, v)
 			}
 		case limits.KeyMethod:
 			if v, ok := need("method"); ok {
-				if !config.ValidMethod(string(v)) {
-					// "GET " or an empty value would be stored under an
-					// identity /auth never makes (it reads a trimmed
-					// method, and the request's own when the header is
-					// empty): an override that never applies
-					problems = append(problems, fmt.Sprintf("method: %q is not an HTTP method: no request has it", v))
+				// "GET " or an empty value would be stored under an
+				// identity /auth never makes (it reads a trimmed method,
+				// and the request's own when the header is empty): an
+				// override that never applies. HEAD is GET's.
+				if msg := config.MethodValueProblem(string(v)); msg != "" {
+					problems = append(problems, fmt.Sprintf("method: %q %s", v, msg))
 				}
 				req.Method = []byte(strings.ToUpper(string(v)))
 			}

@@ -354,10 +354,14 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 				at("match route %q must start with \"/\"", v)
 				return ex, false
 			}
+			if msg := RouteValueProblem(v, id.PathParams); msg != "" {
+				at("match route %q %s", v, msg)
+				return ex, false
+			}
 			req.Route = id.PathParams.Normalize(nil, []byte(v))
 		case limits.KeyMethod:
-			if !validToken(v) {
-				at("match method %q is not an HTTP method", v)
+			if msg := MethodValueProblem(v); msg != "" {
+				at("match method %q %s", v, msg)
 				return ex, false
 			}
 			req.Method = []byte(strings.ToUpper(v))
@@ -387,6 +391,36 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 		ex.Parts = strings.Split(string(ident), "|")
 	}
 	return ex, true
+}
+
+// RouteValueProblem says why a route given to an exception or an identity
+// override would name more requests than it says ("" when it would not):
+// a query or fragment, which no route /auth counts holds. Read silently,
+// it would fall away and the entry cover the whole route
+// ("/status?probe=lb" exempting every request of /status). (Path
+// parameters under identity.path_parameters: strip are stripped, as /auth
+// strips them: documented, and what a route copied from a log means.)
+func RouteValueProblem(v string, pp limits.PathParams) string {
+	if strings.ContainsAny(v, "?#") {
+		n := pp.Normalize(nil, []byte(v))
+		return fmt.Sprintf("holds a query or fragment, which no route /auth counts has (it would name every request of %q); write %q", n, n)
+	}
+	return ""
+}
+
+// MethodValueProblem says why a method given to an exception or an
+// identity override names no method of its own ("" when it does): not a
+// method at all, or HEAD, which method keys count as GET (one quota for a
+// page and its HEAD): read silently, an entry for HEAD would apply to
+// every GET.
+func MethodValueProblem(v string) string {
+	switch {
+	case !validToken(v):
+		return "is not an HTTP method"
+	case strings.EqualFold(v, "HEAD"):
+		return "is counted as GET (a HEAD is a GET without its body: one quota for both); write GET, which covers HEAD too"
+	}
+	return ""
 }
 
 // keyName is a key part as the config file writes it in `key:`.

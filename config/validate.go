@@ -484,11 +484,6 @@ func parsePrefix(s string) (netip.Prefix, bool) {
 	return p, true
 }
 
-// ValidMethod reports whether s can be a request's method (an RFC 9110
-// token): an identity override or exception of a rule keyed on method
-// names one, or no request would ever be it.
-func ValidMethod(s string) bool { return validToken(s) }
-
 // validToken reports whether s is an RFC 9110 token (a header name or a method).
 func validToken(s string) bool {
 	if s == "" {

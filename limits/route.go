@@ -3,6 +3,7 @@ package limits
 import (
 	"bytes"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Route normalization (docs/decision-endpoint.md). The route is what rules
@@ -338,11 +339,19 @@ func hostOnly(a []byte) []byte {
 	return a
 }
 
-// AppendHost appends the host of b as /auth counts it: hostOnly, in ASCII
-// lower case (host names are case-insensitive; NGINX lower-cases $host the
-// same way).
+// AppendHost appends the host of b as /auth counts it: hostOnly, in lower
+// case (host names are case-insensitive). NGINX lower-cases $host in ASCII
+// only; a host with other bytes (raw UTF-8, which no browser sends: they
+// send punycode) is lower-cased in Unicode as well, so that "bÜcher" and
+// "bücher" are one host to a rule keyed on it, as they are to match.host
+// (strings.EqualFold), and an exception written in either case names it.
 func AppendHost(dst, b []byte) []byte {
-	for _, c := range hostOnly(b) {
+	h := hostOnly(b)
+	n := len(dst)
+	for _, c := range h {
+		if c >= utf8.RuneSelf {
+			return append(dst[:n], bytes.ToLower(h)...)
+		}
 		if 'A' <= c && c <= 'Z' {
 			c += 'a' - 'A'
 		}

@@ -296,7 +296,7 @@ func TestURLHost(t *testing.T) {
 }
 
 // TestAppendHost: a host is counted without its port and its trailing dots
-// (a colon inside an IPv6 literal is no port), in ASCII lower case; a
+// (a colon inside an IPv6 literal is no port), in lower case; a
 // configured host that is not already so is named, with what to write.
 func TestAppendHost(t *testing.T) {
 	for in, want := range map[string]string{
@@ -313,7 +313,9 @@ func TestAppendHost(t *testing.T) {
 		"[::1:80":                "[::1:80", // no closing bracket: NGINX's $host keeps it whole
 		"192.0.2.1:80":           "192.0.2.1",
 		"":                       "",
-		"\u00c9vil.example":      "\u00c9vil.example", // ASCII only, as NGINX's $host
+		"\u00c9vil.example":      "\u00e9vil.example", // NGINX's $host lowers ASCII only; one host in two cases is one quota
+		"b\u00dccher.example":    "b\u00fccher.example",
+		"b\xffX.example":         "b\ufffdx.example", // not UTF-8: lowered all the same
 		"user@api.example.com:1": "user@api.example.com",
 	} {
 		if got := string(AppendHost(nil, []byte(in))); got != want {

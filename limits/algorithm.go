@@ -57,7 +57,7 @@ const MaxSlidingLogLimit = 10_000
 // docs present them).
 var algorithmTable = [...]AlgorithmInfo{
 	{Name: FixedWindow, Code: 1, Suffix: "fw2", Leasable: true, Record: []string{"e", "n"}},
-	{Name: SlidingLog, Code: 2, Suffix: "sl", MaxLimit: MaxSlidingLogLimit},
+	{Name: SlidingLog, Code: 2, Suffix: "sl2", MaxLimit: MaxSlidingLogLimit},
 	{Name: SlidingWindow, Code: 3, Suffix: "sw2", Leasable: true, Record: []string{"e", "c", "p", "d"}},
 	{Name: GCRA, Code: 4, Suffix: "gc2", Burst: true, Leasable: true, Record: []string{"t", "f", "l", "p"}},
 	{Name: TokenBucket, Code: 5, Suffix: "tb2", Burst: true, Leasable: true, Record: []string{"tokens", "ts", "l", "p", "b"}},

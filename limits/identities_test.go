@@ -98,7 +98,7 @@ func TestIdentityLimitSameKey(t *testing.T) {
 	if !d.Admitted || d.Verdicts[0].Rule.Limit != 10 || d.Verdicts[0].Rule.Identity != limits.IdentityLimit {
 		t.Fatalf("under the override: %+v", d.Verdicts)
 	}
-	if d.Verdicts[0].Key != "rg:{per-user:acme}:sl" || d.Verdicts[0].Result.Remaining != 7 {
+	if d.Verdicts[0].Key != "rg:{per-user:acme}:sl2" || d.Verdicts[0].Result.Remaining != 7 {
 		t.Fatalf("key %q remaining %d, want the same key with 7 left (3 used)", d.Verdicts[0].Key, d.Verdicts[0].Result.Remaining)
 	}
 	if got := admitted(t, l, "acme", 10); got != 7 {
@@ -128,7 +128,7 @@ func TestIdentityExempt(t *testing.T) {
 	if got := 1 + admitted(t, l, "acme", 5); got != 4 {
 		t.Fatalf("%d admitted, want rule b's 4 (a exempts acme)", got)
 	}
-	res, err := cs.Peek(context.Background(), a.Check("rg:{a:acme}:sl", 0))
+	res, err := cs.Peek(context.Background(), a.Check("rg:{a:acme}:sl2", 0))
 	if err != nil || res.Remaining != 2 {
 		t.Fatalf("rule a's key: %+v %v, want untouched (2 remaining)", res, err)
 	}
@@ -204,7 +204,7 @@ func TestIdentityAllOrNothing(t *testing.T) {
 	if got := admitted(t, l, "acme", 4); got != 1 {
 		t.Fatalf("%d admitted, want acme's own 1", got)
 	}
-	res, _ := cs.Peek(context.Background(), b.Check("rg:{b:acme}:sl", 0))
+	res, _ := cs.Peek(context.Background(), b.Check("rg:{b:acme}:sl2", 0))
 	if res.Remaining != 4 {
 		t.Fatalf("rule b remaining %d, want 4: denied requests consumed nothing there", res.Remaining)
 	}

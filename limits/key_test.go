@@ -40,7 +40,7 @@ func TestKeyLayout(t *testing.T) {
 		{"ipv6", Rule{Name: "per-ip", Key: []KeyPart{{Kind: KeyIP}}, Algorithm: TokenBucket},
 			Request{IP: []byte("2001:db8::1")}, "rg:{per-ip:2001:db8::1}:tb2"},
 		{"user and route", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}, {Kind: KeyRoute}}, Algorithm: SlidingLog},
-			Request{User: []byte("alice"), Route: []byte("/api/x")}, "rg:{u:alice|/api/x}:sl"},
+			Request{User: []byte("alice"), Route: []byte("/api/x")}, "rg:{u:alice|/api/x}:sl2"},
 		{"anonymous user falls back to ip", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: SlidingWindow},
 			Request{IP: []byte("10.0.0.1")}, "rg:{u:=10.0.0.1}:sw2"},
 		{"hostile user escaped", Rule{Name: "u", Key: []KeyPart{{Kind: KeyUser}}, Algorithm: FixedWindow},

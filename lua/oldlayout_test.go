@@ -22,17 +22,13 @@ var slidingLogC712060 string
 // TestSlidingLogBesideOlderBuild: a rolling update from a build of
 // c712060 or before to this one, both on one Redis, one sliding_log rule
 // (3 per minute per IP), a client whose requests go to either instance in
-// turn. The builds write different log layouts under the same key
-// ("rg:{rule:ip}:sl": the suffix did not change with the layout, unlike
-// fw2, sw2, gc2, tb2). This build drops a log holding a member of the old
-// layout at its next costing decision (sliding_log.lua: "members of
-// another layout ... the identity starts afresh"), and the old build
-// reads this build's members (they end in ":<cost>" too) and adds its own
-// after them: so every request this build decides finds the old build's
-// newest entry, drops the whole log and admits, and the old build then
-// sees one entry. 20 of 20 are admitted at a limit of 3, for as long as
-// both builds run. Each build counting on its own keys (as the other
-// algorithms' builds do during such an update) would admit 3 each: 6.
+// turn. The builds write different log layouts; under one key
+// ("rg:{rule:ip}:sl", as before e299d84) this build dropped a log holding
+// a member of the old layout at its next costing decision, and the old
+// build read this build's members (they end in ":<cost>" too) and added
+// its own after them: 20 of 20 were admitted at a limit of 3, for as long
+// as both builds ran. The layout is in the suffix now ("sl2", as fw2,
+// sw2, gc2, tb2): each build counts on its own key, 3 each at most.
 func TestSlidingLogBesideOlderBuild(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()

@@ -47,7 +47,7 @@
 -- clock reads, which would drop a count written in its window's last
 -- millisecond (the record says itself when it ends, so 1 ms more is harmless).
 --
--- By hand: redis-cli --eval lua/sliding_log.lua rg:{demo:1.2.3.4}:sl , 0 5 60000000 5 1
+-- By hand: redis-cli --eval lua/sliding_log.lua rg:{demo:1.2.3.4}:sl2 , 0 5 60000000 5 1
 
 -- sl_int formats an integral number without Lua's %.14g rounding (µs clocks
 -- have 16 digits).

@@ -91,7 +91,7 @@ func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
 		newer    int
 		refunded bool
 	}{{200, true}, {255, true}, {256, false}, {300, false}} {
-		key := fmt.Sprintf("rg:{refund:%d}:sl", tc.newer)
+		key := fmt.Sprintf("rg:{refund:%d}:sl2", tc.newer)
 		const limit = 1000
 		admit(key, limit, t0, 1)            // the request refunded below
 		admit(key, limit, t0+1, tc.newer)   // admitted after it
@@ -112,7 +112,7 @@ func TestSlidingLogRefundReadsBoundedLog(t *testing.T) {
 		}
 	}
 
-	key := "rg:{refund:burst}:sl"
+	key := "rg:{refund:burst}:sl2"
 	admit(key, limits.MaxSlidingLogLimit, t0, limits.MaxSlidingLogLimit)
 	if got := giveBack(key, limits.MaxSlidingLogLimit, t0, t0+1); got != 1 {
 		t.Fatalf("a refund on %d entries in one µs reports %d remaining, want 1", limits.MaxSlidingLogLimit, got)
@@ -153,7 +153,7 @@ func TestSlidingLogRefundLeavesTheTTL(t *testing.T) {
 
 	// A commit under P, then a reload to 2P and an admission under it; the
 	// refund of the first commit carries P.
-	key := "rg:{refund:longer}:sl"
+	key := "rg:{refund:longer}:sl2"
 	z := run(key, t0, p, 1)
 	w := run(key, t0+10, 2*p, 1)
 	if z[0] != 1 || w[0] != 1 {
@@ -171,7 +171,7 @@ func TestSlidingLogRefundLeavesTheTTL(t *testing.T) {
 
 	// 9999 entries in one µs, X a µs later, A as the burst leaves (128 of
 	// it removed), then A refunded once X has left too.
-	key = "rg:{refund:backlog}:sl"
+	key = "rg:{refund:backlog}:sl2"
 	for lo := 0; lo < limit-1; lo += 500 {
 		pipe := client.Pipeline()
 		for i := lo; i < min(lo+500, limit-1); i++ {

@@ -31,7 +31,7 @@ func TestMaxKeysBoundsSlidingLogMemory(t *testing.T) {
 	before := liveHeap()
 	admitted := 0
 	for i := range keys {
-		c := limits.Check{Key: "rg:{per-route:/r" + strconv.Itoa(i) + "}:sl", Algorithm: limits.SlidingLog, Limit: limit,
+		c := limits.Check{Key: "rg:{per-route:/r" + strconv.Itoa(i) + "}:sl2", Algorithm: limits.SlidingLog, Limit: limit,
 			PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
 		for j := range limit {
 			b := limits.Batch{Checks: []limits.Check{c}, NowUS: now + int64(j)}
@@ -129,7 +129,7 @@ func TestMaxKeysBoundsATrimmedLog(t *testing.T) {
 	// keys of one shard: the bound is kept per shard
 	var names []string
 	for i := 0; len(names) < keys; i++ {
-		k := "rg:{per-route:/r" + strconv.Itoa(i) + "}:sl"
+		k := "rg:{per-route:/r" + strconv.Itoa(i) + "}:sl2"
 		if s.shardOf(k) == 0 {
 			names = append(names, k)
 		}

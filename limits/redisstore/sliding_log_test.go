@@ -72,10 +72,10 @@ func TestSlidingLogFullKeyAtCapIsFast(t *testing.T) {
 	// last a µs later; it returns the decisions SLOWLOG saw and the slowest.
 	measure := func(attempt int) (decisions int, slowest time.Duration) {
 		start := time.Now().UnixMicro() + p
-		c := limits.Check{Key: fmt.Sprintf("rg:{cap:spread%d}:sl", attempt), Algorithm: limits.SlidingLog, Limit: n, PeriodUS: p, Burst: n, Cost: 1}
+		c := limits.Check{Key: fmt.Sprintf("rg:{cap:spread%d}:sl2", attempt), Algorithm: limits.SlidingLog, Limit: n, PeriodUS: p, Burst: n, Cost: 1}
 		burst, tail := c, c
-		burst.Key = fmt.Sprintf("rg:{cap:burst%d}:sl", attempt)
-		tail.Key = fmt.Sprintf("rg:{cap:tail%d}:sl", attempt)
+		burst.Key = fmt.Sprintf("rg:{cap:burst%d}:sl2", attempt)
+		tail.Key = fmt.Sprintf("rg:{cap:tail%d}:sl2", attempt)
 		fill(c.Key, func(i int64) int64 { return start + i*(p/n) })
 		fill(burst.Key, func(int64) int64 { return start })
 		fill(tail.Key, func(i int64) int64 { return start + i/(n-1) })
@@ -157,7 +157,7 @@ func TestSlidingLogForeignMembers(t *testing.T) {
 	}
 	ctx := testredis.Ctx(t)
 	now := time.Now().UnixMicro()
-	c := limits.Check{Key: "rg:{t:foreign}:sl", Algorithm: limits.SlidingLog, Limit: 3, PeriodUS: limits.PeriodUS(time.Minute), Burst: 3}
+	c := limits.Check{Key: "rg:{t:foreign}:sl2", Algorithm: limits.SlidingLog, Limit: 3, PeriodUS: limits.PeriodUS(time.Minute), Burst: 3}
 	for i, m := range []string{fmt.Sprintf("%d:0:1", now-2), fmt.Sprintf("%d:1:1", now-2), "junk"} {
 		if err := client.ZAdd(ctx, c.Key, redis.Z{Score: float64(now - 2 + int64(i)), Member: m}).Err(); err != nil {
 			t.Fatal(err)

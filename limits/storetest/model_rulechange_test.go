@@ -259,7 +259,7 @@ func TestSlidingLogLimitChangeMatchesModel(t *testing.T) {
 		}()
 		for seq := 0; seq < sequences; seq++ {
 			p := limits.PeriodUS(changePeriods[rng.IntN(len(changePeriods))])
-			key := fmt.Sprintf("rg:{slchg:%d}:sl", seq)
+			key := fmt.Sprintf("rg:{slchg:%d}:sl2", seq)
 			model := &slModel{period: p}
 			now := time.Now().UnixMicro() + limits.PeriodUS(time.Hour)
 			var history []string

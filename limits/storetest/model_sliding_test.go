@@ -281,7 +281,7 @@ func TestSlidingLogBacklogMatchesModel(t *testing.T) {
 	var bounded, steps int
 	for i := 0; i < 4; i++ {
 		limit := 150 + rng.Int64N(350)
-		c := limits.Check{Key: fmt.Sprintf("rg:{backlog:%d}:sl", i), Algorithm: limits.SlidingLog, Limit: limit, PeriodUS: p, Burst: limit}
+		c := limits.Check{Key: fmt.Sprintf("rg:{backlog:%d}:sl2", i), Algorithm: limits.SlidingLog, Limit: limit, PeriodUS: p, Burst: limit}
 		ref := &slModel{limit: limit, period: p}
 		now := time.Now().UnixMicro() + p // ahead of Redis's clock: nothing expires by itself
 		var hist strings.Builder
@@ -361,7 +361,7 @@ func TestSlidingLogBacklogRedisMatchesMemory(t *testing.T) {
 	var longer, back int
 	for i := 0; i < 4; i++ {
 		limit := 150 + rng.Int64N(350)
-		c := limits.Check{Key: fmt.Sprintf("rg:{backlog-lockstep:%d}:sl", i), Algorithm: limits.SlidingLog, Limit: limit, PeriodUS: p, Burst: limit}
+		c := limits.Check{Key: fmt.Sprintf("rg:{backlog-lockstep:%d}:sl2", i), Algorithm: limits.SlidingLog, Limit: limit, PeriodUS: p, Burst: limit}
 		now := time.Now().UnixMicro() + 4*p // ahead of the wall clock, past every step back
 		// In lockstep: Redis expires the key on its own clock, which this
 		// one outruns, so where the key's time is up on this clock it is

@@ -61,7 +61,7 @@ func runStandalone(t *testing.T, file, key string, limit, period int64, start in
 func TestSlidingLogStandaloneScript(t *testing.T) {
 	const s = int64(time.Second / time.Microsecond)
 	p := 60 * s
-	runStandalone(t, "sliding_log.lua", "rg:{demo:1.2.3.4}:sl", 3, p, WindowStart(time.Minute), []standaloneStep{
+	runStandalone(t, "sliding_log.lua", "rg:{demo:1.2.3.4}:sl2", 3, p, WindowStart(time.Minute), []standaloneStep{
 		{0, 1, [4]int64{1, 2, p, 0}},
 		{0, 1, [4]int64{1, 1, p, 0}},
 		{10 * s, 1, [4]int64{1, 0, p, 0}},

@@ -12,7 +12,7 @@ import (
 )
 
 func slidingLogTimeline(t *testing.T, s Store) {
-	c := limits.Check{Key: "rg:{t:sl}:sl", Algorithm: limits.SlidingLog, Limit: 5, PeriodUS: limits.PeriodUS(time.Minute), Burst: 5}
+	c := limits.Check{Key: "rg:{t:sl}:sl2", Algorithm: limits.SlidingLog, Limit: 5, PeriodUS: limits.PeriodUS(time.Minute), Burst: 5}
 	start := WindowStart(time.Minute)
 	const us = time.Microsecond
 	RunTimeline(t, s.Store, c, start, []Step{
@@ -45,7 +45,7 @@ func slidingLogTimeline(t *testing.T, s Store) {
 // recorded (the classic bug keys members by timestamp and collapses them).
 func slidingLogSameMicrosecond(t *testing.T, s Store) {
 	start := WindowStart(time.Minute) + 7
-	c := limits.Check{Key: "rg:{t:slsame}:sl", Algorithm: limits.SlidingLog, Limit: 5, PeriodUS: limits.PeriodUS(time.Minute), Burst: 5}
+	c := limits.Check{Key: "rg:{t:slsame}:sl2", Algorithm: limits.SlidingLog, Limit: 5, PeriodUS: limits.PeriodUS(time.Minute), Burst: 5}
 	RunTimeline(t, s.Store, c, start, []Step{
 		{0, 1, true, 4, 0, time.Minute},
 		{0, 1, true, 3, 0, time.Minute},
@@ -58,7 +58,7 @@ func slidingLogSameMicrosecond(t *testing.T, s Store) {
 	// 30 requests with mixed costs in one microsecond: more than ten share
 	// a score, so Redis sorts their members "t:10" before "t:2"; nothing
 	// may depend on that order.
-	big := limits.Check{Key: "rg:{t:slsame30}:sl", Algorithm: limits.SlidingLog, Limit: 40, PeriodUS: limits.PeriodUS(time.Minute), Burst: 40}
+	big := limits.Check{Key: "rg:{t:slsame30}:sl2", Algorithm: limits.SlidingLog, Limit: 40, PeriodUS: limits.PeriodUS(time.Minute), Burst: 40}
 	var steps []Step
 	used := int64(0)
 	for i := 0; i < 30; i++ {
@@ -117,7 +117,7 @@ func slidingLogNeverExceedsLimit(t *testing.T, s Store) {
 	seed := Seed(t)
 	rng := rand.New(rand.NewPCG(uint64(seed), 3))
 	p := limits.PeriodUS(10 * time.Second)
-	c := limits.Check{Key: "rg:{t:slmax}:sl", Algorithm: limits.SlidingLog, Limit: 7, PeriodUS: p, Burst: 7}
+	c := limits.Check{Key: "rg:{t:slmax}:sl2", Algorithm: limits.SlidingLog, Limit: 7, PeriodUS: p, Burst: 7}
 	n := 3000
 	if s.Name == "redis" {
 		n = 800
@@ -153,7 +153,7 @@ func slidingLogNeverExceedsLimit(t *testing.T, s Store) {
 
 func slidingLogTTL(t *testing.T, s Store) {
 	p := 10 * time.Second
-	c := limits.Check{Key: "rg:{t:slttl}:sl", Algorithm: limits.SlidingLog, Limit: 5, PeriodUS: limits.PeriodUS(p), Burst: 5, Cost: 1}
+	c := limits.Check{Key: "rg:{t:slttl}:sl2", Algorithm: limits.SlidingLog, Limit: 5, PeriodUS: limits.PeriodUS(p), Burst: 5, Cost: 1}
 	now := time.Now().UnixMicro()
 	if r := DecideOne(t, s.Store, c, now); !r.Allowed {
 		t.Fatalf("first request denied: %+v", r)
@@ -164,7 +164,7 @@ func slidingLogTTL(t *testing.T, s Store) {
 	}
 	// A denied request creates no key, whether the cost never fits or
 	// the (empty) log is simply full for it.
-	d := limits.Check{Key: "rg:{t:slttl2}:sl", Algorithm: limits.SlidingLog, Limit: 1, PeriodUS: limits.PeriodUS(p), Burst: 1, Cost: 2}
+	d := limits.Check{Key: "rg:{t:slttl2}:sl2", Algorithm: limits.SlidingLog, Limit: 1, PeriodUS: limits.PeriodUS(p), Burst: 1, Cost: 2}
 	if r := DecideOne(t, s.Store, d, now); r.Allowed {
 		t.Fatal("cost 2 over limit 1 allowed")
 	}

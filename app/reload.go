@@ -80,6 +80,10 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 		a.log.Warn().Str("config", a.opts.ConfigPath).Strs("rules", fresh).
 			Msg("reload starts these rules' counts from zero: every identity gets a fresh quota once (add the new rule beside the old one to avoid it; docs/algorithms.md)")
 	}
+	if mixed := disagreeingNumbers(prev.Rules, next.Rules); len(mixed) > 0 {
+		a.log.Warn().Str("config", a.opts.ConfigPath).Strs("rules", mixed).
+			Msg("reload changes these rules' numbers: until every instance runs the same file, instances with the old and the new numbers can together admit more than either (gcra, token_bucket, sliding_log); change them with PUT /v1/rules/{name}/override first (docs/algorithms.md, \"While instances disagree\")")
+	}
 	if p, n := prev.Identity.IPv6Prefix, next.Identity.IPv6Prefix; p != n {
 		a.log.Warn().Str("config", a.opts.ConfigPath).Int("from", p).Int("to", n).
 			Msg("identity.ipv6_prefix changed: IPv6 clients are other networks now, so their counts start from zero and their identity overrides stop applying (GET /v1/rules/{rule}/identities lists them)")
@@ -217,6 +221,28 @@ func identityChanges(p, n config.Identity) []string {
 		// A field this list does not know changed: say so rather than
 		// apply it silently or not at all.
 		out = append(out, "identity (a field this version cannot name)")
+	}
+	return out
+}
+
+// disagreeingNumbers names the gcra, token_bucket and sliding_log rules
+// whose limit, period or burst a reload changes (algorithm and key kept):
+// while some instances still run the old numbers, the two sides read each
+// other's records in their own terms and together admit more than either.
+func disagreeingNumbers(prev, next []*limits.Rule) []string {
+	var out []string
+	for _, n := range next {
+		if n.Algorithm == limits.FixedWindow || n.Algorithm == limits.SlidingWindow {
+			continue
+		}
+		for _, p := range prev {
+			if p.Name != n.Name || p.Algorithm != n.Algorithm || !slices.Equal(p.Key, n.Key) {
+				continue
+			}
+			if p.Limit != n.Limit || p.Period != n.Period || (n.Algorithm.UsesBurst() && p.Burst != n.Burst) {
+				out = append(out, fmt.Sprintf("%s (%s %d/%v burst %d -> %d/%v burst %d)", n.Name, n.Algorithm, p.Limit, p.Period, p.Burst, n.Limit, n.Period, n.Burst))
+			}
+		}
 	}
 	return out
 }

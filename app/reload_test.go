@@ -182,6 +182,51 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 	}
 }
 
+// TestReloadWarnsOfDisagreeingNumbers: a reload that changes the numbers
+// of a gcra, token_bucket or sliding_log rule warns that instances with
+// the old and the new numbers together admit more than either until all
+// run the new file (docs/algorithms.md, "While instances disagree"); the
+// window algorithms, which hold across such a fleet, do not warn, nor does
+// a reload that changes no number.
+func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
+	rule := func(algo string, limit, burst int) string {
+		y := fmt.Sprintf("rules:\n  - name: r\n    key: [user]\n    algorithm: %s\n    limit: %d\n    period: 1h\n", algo, limit)
+		if burst > 0 {
+			y += fmt.Sprintf("    burst: %d\n", burst)
+		}
+		return y
+	}
+	var logs syncBuffer
+	a, write := fileApp(t, rule("fixed_window", 5, 0), zerolog.New(&logs))
+	const msg = "can together admit more than either"
+	for _, c := range []struct {
+		yaml, want string
+	}{
+		{rule("fixed_window", 9, 0), ""},
+		{rule("sliding_window", 9, 0), ""},
+		{rule("sliding_window", 4, 0), ""},
+		{rule("gcra", 4, 0), ""}, // a new algorithm: fresh counts, warned of apart
+		{rule("gcra", 4, 0), ""},
+		{rule("gcra", 4, 2), "r (gcra 4/1h0m0s burst 4 -> 4/1h0m0s burst 2)"},
+		{rule("token_bucket", 4, 2), ""},
+		{rule("token_bucket", 5, 2), "r (token_bucket 4/1h0m0s burst 2 -> 5/1h0m0s burst 2)"},
+		{rule("sliding_log", 5, 0), ""},
+		{rule("sliding_log", 6, 0), "r (sliding_log 5/1h0m0s burst 5 -> 6/1h0m0s burst 6)"},
+	} {
+		before := logs.lines(msg)
+		write(c.yaml)
+		if _, err := a.Reload("test"); err != nil {
+			t.Fatal(err)
+		}
+		switch got := logs.lines(msg) - before; {
+		case c.want == "" && got != 0:
+			t.Fatalf("%q: %d warnings, want none", c.yaml, got)
+		case c.want != "" && (got != 1 || logs.lines(c.want) == 0):
+			t.Fatalf("%q: %d warnings, want one naming %q", c.yaml, got, c.want)
+		}
+	}
+}
+
 // TestReloadAppliesPathParameters: identity.path_parameters changed by a
 // reload applies to /auth and to the admin API's ?route= at once.
 func TestReloadAppliesPathParameters(t *testing.T) {

@@ -519,9 +519,13 @@ func (l *Limiter) decideLocal(ctx context.Context, d *Decision, b *Batch, res []
 	}
 	share := l.share.Load()
 	for i := range b.Checks {
+		// Each instance's share, but at least one request: a cost the rule
+		// admits (cost 3 of a limit 10, share 4) fits the share too, or the
+		// local store would answer "can never fit" (no Retry-After) to
+		// every such request for as long as the store fails.
 		c := &b.Checks[i]
-		c.Limit = max(c.Limit/share, 1)
-		c.Burst = max(c.Burst/share, 1)
+		c.Limit = max(c.Limit/share, min(c.Cost, c.Limit), 1)
+		c.Burst = max(c.Burst/share, min(c.Cost, c.Burst), 1)
 	}
 	// The local store never fails; its error would be a bug: then the
 	// failure mode answers.

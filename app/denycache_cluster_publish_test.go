@@ -1,0 +1,225 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/redisstore"
+)
+
+// clusterThreeUserRulesYAML: three per-user rules (each in its own slot:
+// the rule name is in the hash tag) and a global rule on /g. A request to
+// /g that global denies after u1, u2 and u3 admitted is refunded in three
+// slots: three refund jobs, three announcements on <prefix>:resets.
+const clusterThreeUserRulesYAML = `rules:
+  - name: u1
+    key: [user]
+    algorithm: fixed_window
+    limit: 2
+    period: 1h
+  - name: u2
+    key: [user]
+    algorithm: fixed_window
+    limit: 2
+    period: 1h
+  - name: u3
+    key: [user]
+    algorithm: fixed_window
+    limit: 2
+    period: 1h
+  - name: global
+    match: {path: /g}
+    key: []
+    algorithm: fixed_window
+    limit: 3
+    period: 1h
+`
+
+// TestDenyCacheOnClusterRefundAnnouncementToAStalledPrimaryIsLost: a
+// refund's announcement (PUBLISH <prefix>:resets key) is a keyless command,
+// which go-redis's ClusterClient sends to the next primary in round robin,
+// whichever it is: one that the refund, the request and the subscribers
+// never needed. When that primary is stalled (frozen here; a partition or
+// an overloaded node alike), the PUBLISH times out at the background
+// deadline (1 s) and the announcement is dropped (app.wireRedis ignores
+// KeyReset's error; nothing retries or falls back). The other instances'
+// subscriptions, on a healthy primary, never break, so nothing clears
+// their caches: they keep denying the refunded identity until the cached
+// retry (the hour's end here) while Redis admits it. The docs promise "a
+// few milliseconds".
+//
+// Layout: global's key on primary X; the reset channel and carol's u1, u2
+// and u3 keys on primary Z; the third primary Y only ever sees the
+// announcements round robin sends it. Steps as in
+// TestDenyCacheOnClusterForgetsARefund: B's request to /g commits carol's
+// units in u1..u3 and waits on X (frozen); A caches carol's denial of all
+// three; Y freezes, X thaws, global denies B's request, B refunds u1..u3
+// and announces three keys, one of them through Y.
+func TestDenyCacheOnClusterRefundAnnouncementToAStalledPrimaryIsLost(t *testing.T) {
+	c := testredis.StartCluster(t)
+	primaries, err := c.Primaries()
+	if err != nil || len(primaries) != 3 {
+		t.Fatalf("primaries: %v %v", primaries, err)
+	}
+	owner := func(key string) string {
+		addr, err := c.PrimaryForSlot(redisstore.KeySlot(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return addr
+	}
+	x := owner("p:{global:}:fw") // the slot is the tag's, whatever the prefix
+	var prefix, z string
+	for i := range 200 {
+		p := fmt.Sprintf("%s%d", uniquePrefix(t), i)
+		if o := owner(p + ":resets"); o != x {
+			prefix, z = p, o
+			break
+		}
+	}
+	if prefix == "" {
+		t.Fatal("no prefix whose reset channel is on another primary than global's")
+	}
+	y := ""
+	for _, p := range primaries {
+		if p.Addr != x && p.Addr != z {
+			y = p.Addr
+		}
+	}
+	user := ""
+	for i := range 5000 {
+		u := fmt.Sprintf("carol%d", i)
+		if owner(prefix+":{u1:"+u+"}:fw") == z && owner(prefix+":{u2:"+u+"}:fw") == z && owner(prefix+":{u3:"+u+"}:fw") == z {
+			user = u
+			break
+		}
+	}
+	if user == "" {
+		t.Fatal("no user whose three keys are on the reset channel's primary")
+	}
+
+	instance := func() (*App, *limits.DenyCache) {
+		a := redisApp(t, clusterThreeUserRulesYAML, func(cfg *config.Config) {
+			cfg.Redis.ClusterAddrs = c.Addrs()
+			cfg.Redis.KeyPrefix = prefix
+			cfg.Redis.Timeout = 5 * time.Second
+		})
+		dc := a.Limiter().DenyCache()
+		if dc == nil {
+			t.Fatal("no deny cache over Redis Cluster")
+		}
+		return a, dc
+	}
+	a, aCache := instance()
+	b, _ := instance()
+	aAdmin := serveOn(t, a.AdminHandler())
+
+	decide := func(ctx context.Context, l *limits.Limiter, u, path string) (limits.Decision, error) {
+		var d limits.Decision
+		err := l.Decide(ctx, &limits.Request{Route: []byte(path), User: []byte(u), IP: []byte("192.0.2.1")}, &d)
+		return d, err
+	}
+	must := func(l *limits.Limiter, u, path string, admitted bool, what string) limits.Decision {
+		t.Helper()
+		d, err := decide(context.Background(), l, u, path)
+		if err != nil || d.Undecided || d.Local || d.Admitted != admitted {
+			t.Fatalf("%s: admitted=%v (want %v), err %v, undecided %v, local %v: %+v", what, d.Admitted, admitted, err, d.Undecided, d.Local, d.Verdicts)
+		}
+		return d
+	}
+	remaining := func(rule string) int64 {
+		t.Helper()
+		code, body := call(t, aAdmin, "GET", "/v1/keys/"+rule+"?user="+user, "")
+		var st struct{ Remaining int64 }
+		if code != 200 || json.Unmarshal([]byte(body), &st) != nil {
+			t.Fatalf("key state: %d %s", code, body)
+		}
+		return st.Remaining
+	}
+	for i := range 3 {
+		must(a.Limiter(), fmt.Sprintf("filler%d", i), "/g", true, "a filler spending global")
+	}
+	must(a.Limiter(), user, "/other", true, "carol's first request")
+
+	frozen := map[string]bool{}
+	freeze := func(addr string) {
+		if err := c.Node(addr).Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		frozen[addr] = true
+	}
+	thaw := func(addr string) {
+		if frozen[addr] {
+			delete(frozen, addr)
+			if err := c.Node(addr).Thaw(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(func() { thaw(x); thaw(y) })
+
+	freeze(x)
+	type outcome struct {
+		d   limits.Decision
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		d, err := decide(ctx, b.Limiter(), user, "/g")
+		done <- outcome{d, err}
+	}()
+	deadline := time.Now().Add(3 * time.Second)
+	for remaining("u1") != 0 || remaining("u2") != 0 || remaining("u3") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("instance B's request did not commit carol's units in u1..u3 within 3 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	must(a.Limiter(), user, "/other", false, "carol at A while B's units are held")
+	if d := must(a.Limiter(), user, "/other", false, "carol at A again"); !d.Cached {
+		t.Fatal("instance A did not cache carol's denial")
+	}
+	if n := aCache.Len(); n != 3 {
+		t.Fatalf("instance A caches %d denials of carol, want 3 (u1, u2, u3)", n)
+	}
+
+	freeze(y)
+	thaw(x)
+	o := <-done
+	if o.err != nil || o.d.Admitted || o.d.Undecided {
+		t.Fatalf("instance B's request to /g: admitted=%v undecided=%v err %v, want denied by global", o.d.Admitted, o.d.Undecided, o.err)
+	}
+	refunded := time.Now()
+	// An announcement that arrives arrives within milliseconds; one sent
+	// to Y gives up after 1 s. Wait 2 s (Y is failed over after ~4 s).
+	for aCache.Len() != 0 && time.Since(refunded) < 2*time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	left := aCache.Len()
+	var rem [3]int64
+	for i, r := range []string{"u1", "u2", "u3"} {
+		rem[i] = remaining(r)
+	}
+	d, err := decide(context.Background(), a.Limiter(), user, "/other")
+	thaw(y)
+	if left != 0 {
+		t.Fatalf("%v after B's refund (Redis: carol has %v left in u1, u2, u3), instance A still caches %d of carol's 3 denials and answers her request admitted=%v cached=%v err %v, retry %v: the announcement sent to the frozen primary %s was lost, and A denies her until the hour's end",
+			time.Since(refunded).Round(time.Millisecond), rem, left, d.Admitted, d.Cached, err, retryOf(d).Round(time.Second), y)
+	}
+}
+
+// retryOf is the denying verdict's retry, or 0.
+func retryOf(d limits.Decision) time.Duration {
+	if d.Denier < 0 || d.Denier >= len(d.Verdicts) {
+		return 0
+	}
+	return time.Duration(d.Verdicts[d.Denier].Result.RetryUS) * time.Microsecond
+}

@@ -288,9 +288,14 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 		a.goBG(a.resets.Run)
 		// So does a refund: a denial Redis made between a commit and its
 		// refund (a cluster decision that a later slot denied, a commit
-		// whose caller gave up) counted the refunded units. (Unannounced,
-		// the denial stays cached until its retry: strict, never loose.)
-		rs.OnRefund(func(ctx context.Context, key string) { _ = dc.KeyReset(ctx, key) })
+		// whose caller gave up) counted the refunded units. Queued, not
+		// sent from the request: one that cannot be sent becomes a clear
+		// of every instance's cache (Resets).
+		resets := a.resets
+		rs.OnRefund(func(_ context.Context, key string) {
+			dc.Forget(key)
+			resets.Announce(key)
+		})
 	}
 
 	a.top.SetShared(redisstore.NewTop(rs.Client(), cfg.Redis.KeyPrefix))

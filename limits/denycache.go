@@ -81,7 +81,8 @@ import (
 //     of its keys (KeyReset: forgotten here, announced to the others; the
 //     generation bump keeps a decision that saw the held quota from
 //     inserting after it). What remains is the announcement's delay, on
-//     the strict side.
+//     the strict side: one that cannot be sent becomes a clear of every
+//     instance's cache (redisstore.Resets), retried until it is out.
 //   - Clocks: the store's clock is Redis TIME and the cache's is this
 //     process's monotonic clock. Their rates differ by the two hosts'
 //     frequency errors (a few ppm, up to 500 ppm while NTP slews), so a
@@ -116,9 +117,13 @@ type DenyCache struct {
 	perShard int
 	start    time.Time
 
-	// gen is bumped by Clear and Forget; an insert computed under an older
-	// generation is refused.
+	// gen is bumped by Clear and Forget. A decision reads it before the
+	// store call; its insert is refused when a Clear (cleared) or a Forget
+	// of a key in the insert's shard (denyShard.forgot) came after: one
+	// key's reset (a refund on a cluster, say) does not hold back every
+	// other key's insert.
 	gen      atomic.Uint64
+	cleared  atomic.Uint64
 	entries  atomic.Int64
 	evicted  atomic.Uint64
 	announce atomic.Pointer[announcerRef]
@@ -137,7 +142,9 @@ type denyShard struct {
 	added int
 	// scanned counts the entries sweeps have read (tests).
 	scanned int64
-	_       [32]byte // keep neighbouring shards' locks off one cache line
+	// forgot is the generation of the last Forget of a key in this shard.
+	forgot uint64
+	_      [32]byte // keep neighbouring shards' locks off one cache line
 }
 
 // denyEntry is one cached denial.
@@ -207,7 +214,7 @@ func (c *DenyCache) Evictions() uint64 { return c.evicted.Load() }
 // Clear forgets every cached denial, and makes decisions already in flight
 // unable to add theirs.
 func (c *DenyCache) Clear() {
-	c.gen.Add(1) // first, so a concurrent put either sees it or is emptied below
+	c.cleared.Store(c.gen.Add(1)) // first, so a concurrent put either sees it or is emptied below
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
@@ -222,9 +229,10 @@ func (c *DenyCache) Clear() {
 // flight unable to add one computed before now. Call it after the key was
 // reset in the store.
 func (c *DenyCache) Forget(key string) {
-	c.gen.Add(1)
+	g := c.gen.Add(1)
 	sh := c.shard(maphash.String(c.seed, key))
 	sh.mu.Lock()
+	sh.forgot = max(sh.forgot, g)
 	if _, ok := sh.m[key]; ok {
 		delete(sh.m, key)
 		c.entries.Add(-1)
@@ -382,9 +390,10 @@ func (c *DenyCache) put(gen uint64, v *Verdict, others []seen, now, after int64,
 	sh := c.shard(maphash.String(c.seed, v.Key))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if c.gen.Load() != gen {
-		// A rule change or a reset happened since this decision started:
-		// the denial may describe state that no longer exists.
+	if c.cleared.Load() > gen || sh.forgot > gen {
+		// A rule change, or a reset of a key in this shard, happened since
+		// this decision started: the denial may describe state that no
+		// longer exists.
 		return
 	}
 	if old, ok := sh.m[v.Key]; ok {

@@ -1,6 +1,9 @@
 package limits
 
-import "net/netip"
+import (
+	"hash/maphash"
+	"net/netip"
+)
 
 // Test hooks for the external tests of this package (package limits_test),
 // which run the limiter over real stores.
@@ -100,4 +103,9 @@ func (c *DenyCache) Scanned() int64 {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// SameShard reports whether keys a and b are in one shard of c.
+func (c *DenyCache) SameShard(a, b string) bool {
+	return c.shard(maphash.String(c.seed, a)) == c.shard(maphash.String(c.seed, b))
 }

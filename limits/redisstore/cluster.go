@@ -412,11 +412,7 @@ func (s *Store) refundLater(j *refundJob) {
 			return
 		}
 		st.late.Add(1)
-		if f := s.refunded.Load(); f != nil {
-			for _, key := range j.keys[:len(j.keys)-1] { // the last is the marker
-				(*f)(ctx, key)
-			}
-		}
+		s.announceRefund(ctx, j)
 	})
 	if !started {
 		st.lost.Add(1)

@@ -89,32 +89,18 @@ type Store struct {
 // after others admitted, and the late refund of a decision whose caller
 // gave up. A denial Redis made between the commit and its refund counted
 // units that are back now, so whoever cached it (the deny cache, on every
-// instance) must forget it. f runs in the background, apart from the
-// request the refund was part of.
+// instance) must forget it. f must not wait: it may run on a request's
+// path (Resets.Announce queues).
 func (s *Store) OnRefund(f func(ctx context.Context, key string)) {
 	s.refunded.Store(&f)
 }
 
-// announceRefund tells OnRefund's f the keys j gave units back to, in the
-// background (or here, when the background is full or closed: f's work is
-// what keeps other instances from denying too long).
+// announceRefund tells OnRefund's f the keys j gave units back to.
 func (s *Store) announceRefund(ctx context.Context, j *refundJob) {
-	f := s.refunded.Load()
-	if f == nil {
-		return
-	}
-	keys := j.keys[:len(j.keys)-1] // the last is the marker
-	tell := func(ctx context.Context) {
-		for _, key := range keys {
+	if f := s.refunded.Load(); f != nil {
+		for _, key := range j.keys[:len(j.keys)-1] { // the last is the marker
 			(*f)(ctx, key)
 		}
-	}
-	if !s.bg.goRun(func(ctx context.Context) {
-		ctx, cancel := context.WithTimeout(ctx, backgroundRefundTimeout)
-		defer cancel()
-		tell(ctx)
-	}) {
-		tell(ctx)
 	}
 }
 

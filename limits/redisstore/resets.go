@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/rategate/rategate/limits"
 
@@ -12,14 +14,20 @@ import (
 )
 
 // Resets carries key resets between rategate instances, so that a key
-// reset through one instance's admin API is also forgotten by every other
-// instance's deny cache (DenyCache): it publishes the reset key on the
-// pub/sub channel <prefix>:resets and applies what it hears there.
+// reset through one instance's admin API, or a refund that gave units back
+// to a key, is also forgotten by every other instance's deny cache
+// (DenyCache): it publishes the key on the pub/sub channel <prefix>:resets
+// and applies what it hears there.
 //
 // A message published while an instance's subscription is down is lost, so
 // whenever the subscription is (re)established the instance clears its
 // whole deny cache: it cannot know which resets it missed. go-redis pings
 // the subscription every few seconds and resubscribes after a reconnect.
+// A message that cannot be published (the node stalls, the queue of
+// announcements overflows) is not dropped either: the publisher sends
+// clearAll instead, retried until it is out, and every instance clears its
+// cache. So a cached denial a reset or a refund undid outlives it by the
+// announcement's delay, never until its own retry time.
 type Resets struct {
 	client  redis.UniversalClient
 	channel string
@@ -28,13 +36,32 @@ type Resets struct {
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed at the first subscription
+
+	// pending holds the keys Announce queued for the publisher.
+	pending chan string
+	// escalated counts the times an announcement failed or did not fit in
+	// pending; the publisher sends clearAll until it has covered them all.
+	escalated atomic.Uint64
+	wake      chan struct{}
 }
+
+// clearAll is the message that makes every instance clear its deny cache:
+// no store key is "*" (every key starts with the prefix).
+const clearAll = "*"
+
+// maxPendingAnnouncements bounds the announcements queued for the
+// publisher; past it, one clearAll stands for them all.
+const maxPendingAnnouncements = 4096
+
+// publishTimeout bounds one PUBLISH.
+const publishTimeout = time.Second
 
 // NewResets returns the reset channel of the given key prefix for
 // cache, and makes cache announce its key resets through it. Run must run
-// for the instance to hear the others.
+// for the instance to hear the others and to publish what Announce queues.
 func NewResets(client redis.UniversalClient, prefix string, cache *limits.DenyCache, log zerolog.Logger) *Resets {
-	r := &Resets{client: client, channel: prefix + ":resets", cache: cache, log: log, ready: make(chan struct{})}
+	r := &Resets{client: client, channel: prefix + ":resets", cache: cache, log: log, ready: make(chan struct{}),
+		pending: make(chan string, maxPendingAnnouncements), wake: make(chan struct{}, 1)}
 	cache.SetAnnouncer(r)
 	return r
 }
@@ -42,19 +69,109 @@ func NewResets(client redis.UniversalClient, prefix string, cache *limits.DenyCa
 // Ready is closed once the first subscription is in place.
 func (r *Resets) Ready() <-chan struct{} { return r.ready }
 
-// AnnounceReset implements ResetAnnouncer: PUBLISH <prefix>:resets key.
-// The publishing instance hears its own message too; forgetting twice is harmless.
+// AnnounceReset implements ResetAnnouncer: PUBLISH <prefix>:resets key, now.
+// When that fails the key is handed to the publisher (Announce) and the
+// error returned, for a log line. The publishing instance hears its own
+// message too; forgetting twice is harmless.
 func (r *Resets) AnnounceReset(ctx context.Context, key string) error {
-	if err := r.client.Publish(ctx, r.channel, key).Err(); err != nil {
-		return fmt.Errorf("announce reset on %s: %w", r.channel, err)
+	if err := r.publish(ctx, key); err != nil {
+		r.Announce(key)
+		return fmt.Errorf("announce reset on %s (left to the background): %w", r.channel, err)
 	}
 	return nil
 }
 
+// Announce queues key for the publisher, without waiting: the refund path
+// calls it from a request.
+func (r *Resets) Announce(key string) {
+	select {
+	case r.pending <- key:
+	default:
+		r.escalate()
+	}
+}
+
+// escalate makes the publisher send clearAll.
+func (r *Resets) escalate() {
+	r.escalated.Add(1)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// publish sends msg on the channel. On a cluster it goes to the primary of
+// the channel's slot, where every instance's subscription is (go-redis
+// subscribes there): a keyless PUBLISH goes to any primary in turn, and a
+// stalled one it happened to pick lost the message.
+func (r *Resets) publish(ctx context.Context, msg string) error {
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	var c redis.Cmdable = r.client
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, r.channel)
+		if err != nil {
+			return err
+		}
+		c = node
+	}
+	return c.Publish(ctx, r.channel, msg).Err()
+}
+
+// runPublisher publishes what Announce queued until ctx ends. A failed
+// announcement turns into clearAll, sent with growing pauses (50ms to 2s)
+// until it is out; it also stands for every key queued meanwhile.
+func (r *Resets) runPublisher(ctx context.Context) {
+	var covered uint64 // escalations a published clearAll covered
+	pause := 50 * time.Millisecond
+	warned := false
+	for {
+		if esc := r.escalated.Load(); esc != covered {
+			for len(r.pending) > 0 { // covered by the clearAll
+				<-r.pending
+			}
+			if err := r.publish(ctx, clearAll); err != nil {
+				if !warned {
+					warned = true
+					r.log.Warn().Err(err).Str("channel", r.channel).
+						Msg("cannot announce key resets to the other instances; retrying with a message that clears every instance's deny cache")
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(pause):
+				}
+				pause = min(2*pause, 2*time.Second)
+				continue
+			}
+			covered, pause, warned = esc, 50*time.Millisecond, false
+			r.log.Info().Str("channel", r.channel).Msg("announced a deny cache clear to every instance in place of key resets that could not be sent")
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case key := <-r.pending:
+			if err := r.publish(ctx, key); err != nil && ctx.Err() == nil {
+				r.escalate()
+			}
+		}
+	}
+}
+
 // Run subscribes to the channel and applies the resets it hears until ctx
-// ends: each message forgets one key; each (re)subscription clears the
-// cache. It returns when ctx ends.
+// ends: each message forgets one key (clearAll: every key); each
+// (re)subscription clears the cache. It also runs the publisher. It
+// returns when ctx ends.
 func (r *Resets) Run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	defer func() { cancel(); <-done }()
+	go func() {
+		defer close(done)
+		r.runPublisher(ctx)
+	}()
 	sub := r.client.Subscribe(ctx, r.channel)
 	defer sub.Close()
 	ch := sub.ChannelWithSubscriptions()
@@ -80,7 +197,11 @@ func (r *Resets) Run(ctx context.Context) {
 				subscribed = true
 				r.readyOnce.Do(func() { close(r.ready) })
 			case *redis.Message:
-				r.cache.Forget(m.Payload)
+				if m.Payload == clearAll {
+					r.cache.Clear()
+				} else {
+					r.cache.Forget(m.Payload)
+				}
 			}
 		}
 	}

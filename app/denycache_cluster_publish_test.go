@@ -41,18 +41,18 @@ const clusterThreeUserRulesYAML = `rules:
     period: 1h
 `
 
-// TestDenyCacheOnClusterRefundAnnouncementToAStalledPrimaryIsLost: a
+// TestDenyCacheOnClusterRefundAnnouncementSurvivesAStalledPrimary: a
 // refund's announcement (PUBLISH <prefix>:resets key) is a keyless command,
 // which go-redis's ClusterClient sends to the next primary in round robin,
 // whichever it is: one that the refund, the request and the subscribers
-// never needed. When that primary is stalled (frozen here; a partition or
-// an overloaded node alike), the PUBLISH times out at the background
-// deadline (1 s) and the announcement is dropped (app.wireRedis ignores
-// KeyReset's error; nothing retries or falls back). The other instances'
-// subscriptions, on a healthy primary, never break, so nothing clears
-// their caches: they keep denying the refunded identity until the cached
-// retry (the hour's end here) while Redis admits it. The docs promise "a
-// few milliseconds".
+// never needed. When that primary was stalled (frozen here; a partition or
+// an overloaded node alike), the PUBLISH timed out at the background
+// deadline (1 s) and the announcement was dropped (nothing retried or fell
+// back). The other instances' subscriptions, on a healthy primary, never
+// broke, so nothing cleared their caches: they kept denying the refunded
+// identity until the cached retry (13 minutes, the hour's end) while Redis
+// admitted it. Announcements now go to the channel's own primary, and one
+// that fails becomes a clear of every cache, retried until it is out.
 //
 // Layout: global's key on primary X; the reset channel and carol's u1, u2
 // and u3 keys on primary Z; the third primary Y only ever sees the
@@ -61,7 +61,7 @@ const clusterThreeUserRulesYAML = `rules:
 // units in u1..u3 and waits on X (frozen); A caches carol's denial of all
 // three; Y freezes, X thaws, global denies B's request, B refunds u1..u3
 // and announces three keys, one of them through Y.
-func TestDenyCacheOnClusterRefundAnnouncementToAStalledPrimaryIsLost(t *testing.T) {
+func TestDenyCacheOnClusterRefundAnnouncementSurvivesAStalledPrimary(t *testing.T) {
 	c := testredis.StartCluster(t)
 	primaries, err := c.Primaries()
 	if err != nil || len(primaries) != 3 {

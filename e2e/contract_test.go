@@ -205,6 +205,7 @@ func startAuthLayer(t *testing.T) *authLayer {
 		}
 		w.Header().Set("X-Auth-Request-User", strings.TrimPrefix(c.Value, "u-"))
 		w.Header().Set("X-Auth-Request-Email", strings.TrimPrefix(c.Value, "u-")+"@example.org")
+		w.Header().Set("X-Auth-Request-Groups", "readers")
 		w.WriteHeader(http.StatusAccepted)
 	})}
 	go srv.Serve(ln)
@@ -560,8 +561,13 @@ func TestAuthLayer(t *testing.T) {
 					}
 					for _, h := range identityHeaders {
 						want := user
-						if strings.HasSuffix(h, "Email") {
+						switch {
+						case strings.HasSuffix(h, "Email"):
 							want = user + "@example.org"
+						case strings.HasSuffix(h, "Groups"):
+							want = "readers"
+						case strings.HasSuffix(h, "Name"), strings.HasSuffix(h, "Username"):
+							want = "" // not the auth layer's: removed
 						}
 						if e.Users[h] != want {
 							t.Errorf("%s: the app saw %s %q, want the auth layer's %q (the client sent mallory)", user, h, e.Users[h], want)

@@ -405,7 +405,10 @@ type appEcho struct {
 // identityHeaders are the headers an application behind an auth layer may
 // take as the signed-in user: the auth configs set each from the auth
 // layer's answer.
-var identityHeaders = []string{"X-User", "X-Auth-Request-User", "Remote-User", "X-Email", "X-Auth-Request-Email", "Remote-Email"}
+var identityHeaders = []string{"X-User", "X-Auth-Request-User", "X-Forwarded-User", "Remote-User",
+	"X-Email", "X-Auth-Request-Email", "X-Forwarded-Email", "Remote-Email",
+	"X-Auth-Request-Groups", "X-Forwarded-Groups", "Remote-Groups",
+	"X-Auth-Request-Preferred-Username", "X-Forwarded-Preferred-Username", "Remote-Name"}
 
 func startApp(t testing.TB) *app {
 	t.Helper()

@@ -3,6 +3,7 @@ package limits
 import (
 	"bytes"
 	"fmt"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -350,12 +351,34 @@ func AppendHost(dst, b []byte) []byte {
 	n := len(dst)
 	for _, c := range h {
 		if c >= utf8.RuneSelf {
-			return append(dst[:n], bytes.ToLower(h)...)
+			return appendLowerUnicode(dst[:n], h)
 		}
 		if 'A' <= c && c <= 'Z' {
 			c += 'a' - 'A'
 		}
 		dst = append(dst, c)
+	}
+	return dst
+}
+
+// appendLowerUnicode appends h lower-cased rune by rune, except where a
+// rune would become ASCII (the Kelvin sign's k, İ's i): a host spelled with
+// one of those must not become the ASCII host an exception or a limit was
+// written for, as NGINX serves it from another server block. Bytes that are
+// not UTF-8 are kept as they are.
+func appendLowerUnicode(dst, h []byte) []byte {
+	for len(h) > 0 {
+		r, size := utf8.DecodeRune(h)
+		if r == utf8.RuneError && size <= 1 {
+			dst = append(dst, h[0])
+			h = h[1:]
+			continue
+		}
+		if l := unicode.ToLower(r); r < utf8.RuneSelf || l >= utf8.RuneSelf {
+			r = l
+		}
+		dst = utf8.AppendRune(dst, r)
+		h = h[size:]
 	}
 	return dst
 }

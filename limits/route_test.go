@@ -315,7 +315,9 @@ func TestAppendHost(t *testing.T) {
 		"":                       "",
 		"\u00c9vil.example":      "\u00e9vil.example", // NGINX's $host lowers ASCII only; one host in two cases is one quota
 		"b\u00dccher.example":    "b\u00fccher.example",
-		"b\xffX.example":         "b\ufffdx.example", // not UTF-8: lowered all the same
+		"b\xffX.example":         "b\xffx.example",    // a byte that is not UTF-8 is kept
+		"\u212Aexample.com":      "\u212Aexample.com", // the Kelvin sign is not the k of kexample.com
+		"\u0130nfo.example":      "\u0130nfo.example", // nor İ the i of info.example
 		"user@api.example.com:1": "user@api.example.com",
 	} {
 		if got := string(AppendHost(nil, []byte(in))); got != want {

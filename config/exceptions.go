@@ -403,7 +403,7 @@ func compileExceptionMatch(raw *rawException, r *limits.Rule, id Identity, at fu
 func RouteValueProblem(v string, pp limits.PathParams) string {
 	if strings.ContainsAny(v, "?#") {
 		n := pp.Normalize(nil, []byte(v))
-		return fmt.Sprintf("holds a query or fragment, which no route /auth counts has (it would name every request of %q); write %q", n, n)
+		return fmt.Sprintf("holds a query or fragment, which no route /auth counts has (it would name every request of %q); write %q (a literal ? or # in the path is %%3F or %%23)", n, n)
 	}
 	return ""
 }

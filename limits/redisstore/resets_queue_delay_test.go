@@ -1,0 +1,53 @@
+package redisstore
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/rategate/rategate/internal/testredis"
+	"github.com/rategate/rategate/limits"
+)
+
+// TestResetsBurstDoesNotDelayAnnouncements: the publisher sends the queued
+// key resets one PUBLISH at a time, each waiting for its reply, so a key
+// queued behind n others reaches the other instances n round trips late,
+// and until then they keep denying an identity Redis admits again. A
+// burst of refunds is what a spent global rule makes of a flood on Redis
+// Cluster (each request a per-user slot admitted and the global slot
+// denied is refunded and announced), and the queue holds 4,096 before it
+// gives up and clears every cache. Here the publishing instance is one
+// millisecond from Redis (a proxy delays each reply by 1 ms, a round trip
+// across a network); 1,000 refunds are queued, then alice's: the other
+// instance still holds alice's cached denial about a second later, while
+// Redis admits her. Announcements sent together (a pipeline, or many keys
+// to a message) would take a few round trips.
+func TestResetsBurstDoesNotDelayAnnouncements(t *testing.T) {
+	srv := testredis.Start(t)
+	prefix := fmt.Sprintf("resets%d", time.Now().UnixNano())
+	other, fill := deniedCache(t)
+	runResets(t, NewResets(srv.Client(t), prefix, other, zerolog.Nop()))
+	fill("alice")
+
+	proxy := testredis.StartProxy(t, srv.Addr)
+	far := NewResets(testredis.NodeClient(t, proxy.Addr), prefix, limits.NewDenyCache(10), zerolog.Nop())
+	runResets(t, far)
+	proxy.DelayReplies(time.Millisecond)
+
+	const burst = 1000
+	start := time.Now()
+	for i := range burst {
+		far.Announce(fmt.Sprintf("rg:{u:x%d}:fw2", i))
+	}
+	far.Announce("rg:{u:alice}:fw2")
+	waitLen(t, other, 0, "alice's reset")
+	took := time.Since(start)
+	t.Logf("alice's reset queued behind %d others (1 ms round trips) reached the other instance after %v; published %d replies through the proxy",
+		burst, took.Round(time.Millisecond), proxy.Forwarded())
+	if took > 250*time.Millisecond {
+		t.Errorf("alice's reset reached the other instance %v after it was queued behind %d others (one PUBLISH round trip each): "+
+			"that long it denied her while Redis admitted her; want within 250 ms", took.Round(time.Millisecond), burst)
+	}
+}

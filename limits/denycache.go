@@ -214,7 +214,11 @@ func (c *DenyCache) Evictions() uint64 { return c.evicted.Load() }
 // Clear forgets every cached denial, and makes decisions already in flight
 // unable to add theirs.
 func (c *DenyCache) Clear() {
-	c.cleared.Store(c.gen.Add(1)) // first, so a concurrent put either sees it or is emptied below
+	// First, so a concurrent put either sees it or is emptied below; a
+	// maximum, so two Clears at once cannot leave the older generation.
+	g := c.gen.Add(1)
+	for old := c.cleared.Load(); old < g && !c.cleared.CompareAndSwap(old, g); old = c.cleared.Load() {
+	}
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()

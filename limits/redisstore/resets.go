@@ -100,11 +100,12 @@ func (r *Resets) escalate() {
 	}
 }
 
-// publish sends msg on the channel. On a cluster it goes to the primary of
-// the channel's slot, where every instance's subscription is (go-redis
-// subscribes there): a keyless PUBLISH goes to any primary in turn, and a
-// stalled one it happened to pick lost the message.
-func (r *Resets) publish(ctx context.Context, msg string) error {
+// publish sends msgs on the channel, in one round trip (a pipeline of
+// PUBLISH). On a cluster they go to the primary of the channel's slot,
+// where every instance's subscription is (go-redis subscribes there): a
+// keyless PUBLISH goes to any primary in turn, and a stalled one it
+// happened to pick lost the message.
+func (r *Resets) publish(ctx context.Context, msgs ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	var c redis.Cmdable = r.client
@@ -115,13 +116,23 @@ func (r *Resets) publish(ctx context.Context, msg string) error {
 		}
 		c = node
 	}
-	return c.Publish(ctx, r.channel, msg).Err()
+	if len(msgs) == 1 {
+		return c.Publish(ctx, r.channel, msgs[0]).Err()
+	}
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, m := range msgs {
+			p.Publish(ctx, r.channel, m)
+		}
+		return nil
+	})
+	return err
 }
 
 // runPublisher publishes what Announce queued until ctx ends. A failed
 // announcement turns into clearAll, sent with growing pauses (50ms to 2s)
 // until it is out; it also stands for every key queued meanwhile.
 func (r *Resets) runPublisher(ctx context.Context) {
+	var keys []string
 	var covered uint64 // escalations a published clearAll covered
 	pause := 50 * time.Millisecond
 	warned := false
@@ -153,12 +164,22 @@ func (r *Resets) runPublisher(ctx context.Context) {
 			return
 		case <-r.wake:
 		case key := <-r.pending:
-			if err := r.publish(ctx, key); err != nil && ctx.Err() == nil {
+			// What queued meanwhile goes in the same round trip: one at a
+			// time, a key behind a burst of refunds would wait a round
+			// trip per key before it (4 s behind a full queue at 1 ms).
+			keys = append(keys[:0], key)
+			for len(keys) < maxBatchAnnouncements && len(r.pending) > 0 {
+				keys = append(keys, <-r.pending)
+			}
+			if err := r.publish(ctx, keys...); err != nil && ctx.Err() == nil {
 				r.escalate()
 			}
 		}
 	}
 }
+
+// maxBatchAnnouncements bounds the keys one round trip publishes.
+const maxBatchAnnouncements = 512
 
 // Run subscribes to the channel and applies the resets it hears until ctx
 // ends: each message forgets one key (clearAll: every key); each

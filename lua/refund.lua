@@ -11,8 +11,12 @@
 --
 -- KEYS[1..n]  the keys to refund (all in one hash slot)
 -- KEYS[n+1]   this refund's marker, in the same slot: "<prefix>:{tag}:refund:<id>"
+--             (none when ARGV[2] is 0)
 -- ARGV[1]  now in microseconds, or 0 to use Redis TIME
--- ARGV[2]  how long the marker lives, ms
+-- ARGV[2]  how long the marker lives, ms; 0: no marker (a slot being
+--          migrated refuses a script whose marker is missing, TRYAGAIN, on
+--          either side: the caller then sends the refund unmarked, and
+--          never again once it may have run)
 -- ARGV[3+8(i-1) ...]  per key: algorithm code, limit, period_us, burst, cost,
 --          then what decide.lua reported for it when it committed: at_us (its
 --          now), remaining, reset_us
@@ -35,8 +39,11 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local n = #KEYS - 1
-local fresh = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[2])
+local n, fresh = #KEYS, true
+if tonumber(ARGV[2]) > 0 then
+  n = n - 1
+  fresh = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[2])
+end
 local reply = {now}
 for i = 1, n do
   local b = 3 + (i - 1) * 8

@@ -226,9 +226,17 @@ func sortByRestriction(checks []limits.Check, groups []slotGroup) {
 func (s *Store) dryGroups(ctx context.Context, b *limits.Batch, groups []slotGroup, results []limits.Result) {
 	parallel(len(groups), func(i int) {
 		g := &groups[i]
+		// One more check that can never fit (the group's first check
+		// again, at a cost above its limit and burst) makes the script
+		// commit nothing. It names a key the group has already: a key
+		// that never exists would make a slot being migrated refuse the
+		// script (TRYAGAIN) on both sides until the migration ended.
 		call := groupCall(ctx, b, g)
-		call.keys = append(call.keys, limits.SiblingKey(call.keys[0], "dry"))
-		call.args = append(call.args, limits.FixedWindow.Code(), 1, 1_000_000, 1, int64(2), 0)
+		c := &b.Checks[g.idx[0]]
+		never := *c
+		never.Cost, never.Shadow = max(c.Limit, c.Burst)+1, false
+		call.keys = append(call.keys, c.Key)
+		call.args, _ = appendCheckArgs(call.args, &never)
 		res := make([]limits.Result, len(g.idx)+1)
 		if _, _, err := s.decideCall(call, res); err == nil {
 			for k, idx := range g.idx {
@@ -283,10 +291,39 @@ func (s *Store) groupDecided(g *slotGroup, res []limits.Result, adm, at int64, e
 // refundJob is one slot's refund: refund.lua's keys and arguments, built
 // when the decision is made so that it can outlive the batch.
 type refundJob struct {
-	keys []string // the refunded keys, then the marker
+	keys []string // the refunded keys, then the marker (until unmarked)
 	args []any
 	idx  []int // the refunded checks' indices into the batch
 	err  error
+	// unmarked: the marker was dropped (unmark); mayHaveRun: an unmarked
+	// send failed other than by Redis saying it did not run it, so it is
+	// never sent again
+	unmarked, mayHaveRun bool
+}
+
+// refunded returns the keys j gives units back to.
+func (j *refundJob) refunded() []string {
+	if j.unmarked {
+		return j.keys
+	}
+	return j.keys[:len(j.keys)-1]
+}
+
+// unmark drops j's marker, for a slot being migrated: the marker key never
+// exists before the refund runs, and a script with one key present and
+// one missing is refused TRYAGAIN on both sides of a migration, so a
+// marked refund could not run until the migration ended (held the request
+// to its deadline, then was lost). Unmarked, refund.lua runs on the keys
+// alone, wherever they are (ASK follows them). Without the marker a resend
+// could give back twice: an unmarked refund is sent again only when Redis
+// said it did not run it (TRYAGAIN, MOVED, ASK), never after a lost reply.
+func (j *refundJob) unmark() {
+	if j.unmarked {
+		return
+	}
+	j.keys = j.keys[:len(j.keys)-1]
+	j.args[1] = int64(0)
+	j.unmarked = true
 }
 
 // newRefundJob builds the refund of what g committed: every check that
@@ -370,15 +407,26 @@ func refundMarkerTTL(ctx context.Context) time.Duration {
 func (s *Store) runRefund(ctx context.Context, j *refundJob, results []limits.Result) error {
 	var reply any
 	var err error
+	if j.mayHaveRun {
+		return fmt.Errorf("redis store: refund (slot %d): not sent again: an unmarked refund may have run", KeySlot(j.keys[0]))
+	}
 	for attempt := 1; ; attempt++ {
-		reply, err = s.refund.Run(ctx, s.client, j.keys, j.args...).Result()
+		reply, err = s.sendRefund(ctx, j)
 		if err == nil || !notRun(err) {
+			j.mayHaveRun = err != nil && j.unmarked
 			break
 		}
-		// TRYAGAIN: the slot is being migrated, and the refund's marker
-		// is on neither side yet; it runs once the migration ends. (The
-		// marker makes a second run give nothing back: sending again is
-		// safe whatever happened.)
+		if isTryAgain(err) && !j.unmarked {
+			// The slot is being migrated and the marker is on neither
+			// side: unmarked, the refund runs where its keys are.
+			j.unmark()
+			continue
+		}
+		// TRYAGAIN still (the keys themselves split between the two
+		// sides), CLUSTERDOWN: it did not run; again once the migration
+		// or the failover is over. (A marked refund gives nothing back a
+		// second time; an unmarked one is only resent after Redis said it
+		// did not run it.)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("redis store: refund (slot %d): %w (%w)", KeySlot(j.keys[0]), err, ctx.Err())
@@ -398,6 +446,37 @@ func (s *Store) runRefund(ctx context.Context, j *refundJob, results []limits.Re
 		}
 	}
 	return nil
+}
+
+// noRetryCmd is a command go-redis's cluster client must not send again
+// by itself (it does on TRYAGAIN, after up to 100 ms of pauses, and on a
+// broken connection): runRefund decides what is sent again. Redirects
+// (MOVED, ASK) are still followed.
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
+
+// sendRefund sends j's refund.lua once (EVALSHA, then EVAL if the server
+// lacks the script) and returns its reply.
+func (s *Store) sendRefund(ctx context.Context, j *refundJob) (any, error) {
+	args := make([]any, 0, 3+len(j.keys)+len(j.args))
+	args = append(args, "evalsha", s.refund.Hash(), len(j.keys))
+	for _, k := range j.keys {
+		args = append(args, k)
+	}
+	args = append(args, j.args...)
+	cmd := redis.NewCmd(ctx, args...)
+	_ = s.client.Process(ctx, noRetryCmd{cmd})
+	if isNoScript(cmd.Err()) {
+		src, err := lua.Refund()
+		if err != nil {
+			return nil, err
+		}
+		args[0], args[1] = "eval", src
+		cmd = redis.NewCmd(ctx, args...)
+		_ = s.client.Process(ctx, noRetryCmd{cmd})
+	}
+	return cmd.Result()
 }
 
 // refundLater runs j in the background with its own deadline, at most once.

@@ -301,6 +301,17 @@ func notRun(err error) bool {
 	return word == "TRYAGAIN" || word == "CLUSTERDOWN"
 }
 
+// isTryAgain reports whether err is Redis's TRYAGAIN: a multi-key command
+// on a slot being migrated whose keys are not all on one side.
+func isTryAgain(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	word, _, _ := strings.Cut(re.Error(), " ")
+	return word == "TRYAGAIN"
+}
+
 // askingEval runs one call on addr after ASKING (a slot being migrated),
 // as one pipeline: ASKING, then EVALSHA (EVAL when the node lacks the
 // script).

@@ -35,6 +35,7 @@ type Client interface {
 	Ping(ctx context.Context) *redis.StatusCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 	Pipeline() redis.Pipeliner
+	Process(ctx context.Context, cmd redis.Cmder) error
 	Close() error
 }
 
@@ -98,7 +99,7 @@ func (s *Store) OnRefund(f func(ctx context.Context, key string)) {
 // announceRefund tells OnRefund's f the keys j gave units back to.
 func (s *Store) announceRefund(ctx context.Context, j *refundJob) {
 	if f := s.refunded.Load(); f != nil {
-		for _, key := range j.keys[:len(j.keys)-1] { // the last is the marker
+		for _, key := range j.refunded() {
 			(*f)(ctx, key)
 		}
 	}

@@ -44,8 +44,9 @@ func migratingChecks(t *testing.T, c *testredis.Cluster) (*Store, func(u string)
 }
 
 // TestClusterDenialNotHeldByAMigratingSlot: a request its first slot denies
-// asks the other slots for their rules' verdicts with a dry run that adds
-// one key to each slot's script, a sibling key that never exists. While a
+// asks the other slots for their rules' verdicts with a dry run that added
+// one key to each slot's script, a sibling key that never exists (now a
+// never-fitting check on a key the slot's script has already). While a
 // slot is being migrated (resharding, adding a node: an ordinary cluster
 // event), a script with one key that exists on the source and one that
 // does not is refused with TRYAGAIN on both sides, so the dry run is tried
@@ -83,7 +84,8 @@ func TestClusterDenialNotHeldByAMigratingSlot(t *testing.T) {
 
 // TestClusterRefundInAMigratingSlot: a refund is refund.lua on the
 // refunded keys plus a fresh marker key (run-at-most-once), which never
-// exists before the refund runs. While the refunded key's slot is being
+// exists before the refund runs (met with TRYAGAIN, the refund is now sent
+// at once without it). While the refunded key's slot is being
 // migrated, a script with one existing key and one missing key gets
 // TRYAGAIN on both sides, so every refund in that slot fails until the
 // migration ends. runRefund retries on the request's context: alice's

@@ -2,12 +2,10 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/redisstore"
@@ -104,112 +102,32 @@ func TestDenyCacheOnClusterRefundAnnouncementSurvivesAStalledPrimary(t *testing.
 		t.Fatal("no user whose three keys are on the reset channel's primary")
 	}
 
-	instance := func() (*App, *limits.DenyCache) {
-		a := redisApp(t, clusterThreeUserRulesYAML, func(cfg *config.Config) {
-			cfg.Redis.ClusterAddrs = c.Addrs()
-			cfg.Redis.KeyPrefix = prefix
-			cfg.Redis.Timeout = 5 * time.Second
-		})
-		dc := a.Limiter().DenyCache()
-		if dc == nil {
-			t.Fatal("no deny cache over Redis Cluster")
-		}
-		return a, dc
-	}
-	a, aCache := instance()
-	b, _ := instance()
-	aAdmin := serveOn(t, a.AdminHandler())
-
-	decide := func(ctx context.Context, l *limits.Limiter, u, path string) (limits.Decision, error) {
-		var d limits.Decision
-		err := l.Decide(ctx, &limits.Request{Route: []byte(path), User: []byte(u), IP: []byte("192.0.2.1")}, &d)
-		return d, err
-	}
-	must := func(l *limits.Limiter, u, path string, admitted bool, what string) limits.Decision {
-		t.Helper()
-		d, err := decide(context.Background(), l, u, path)
-		if err != nil || d.Undecided || d.Local || d.Admitted != admitted {
-			t.Fatalf("%s: admitted=%v (want %v), err %v, undecided %v, local %v: %+v", what, d.Admitted, admitted, err, d.Undecided, d.Local, d.Verdicts)
-		}
-		return d
-	}
-	remaining := func(rule string) int64 {
-		t.Helper()
-		code, body := call(t, aAdmin, "GET", "/v1/keys/"+rule+"?user="+user, "")
-		var st struct{ Remaining int64 }
-		if code != 200 || json.Unmarshal([]byte(body), &st) != nil {
-			t.Fatalf("key state: %d %s", code, body)
-		}
-		return st.Remaining
-	}
-	for i := range 3 {
-		must(a.Limiter(), fmt.Sprintf("filler%d", i), "/g", true, "a filler spending global")
-	}
-	must(a.Limiter(), user, "/other", true, "carol's first request")
-
-	frozen := map[string]bool{}
-	freeze := func(addr string) {
-		if err := c.Node(addr).Freeze(); err != nil {
-			t.Fatal(err)
-		}
-		frozen[addr] = true
-	}
-	thaw := func(addr string) {
-		if frozen[addr] {
-			delete(frozen, addr)
-			if err := c.Node(addr).Thaw(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
-	t.Cleanup(func() { thaw(x); thaw(y) })
-
-	freeze(x)
-	type outcome struct {
-		d   limits.Decision
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
-		defer cancel()
-		d, err := decide(ctx, b.Limiter(), user, "/g")
-		done <- outcome{d, err}
-	}()
-	deadline := time.Now().Add(3 * time.Second)
-	for remaining("u1") != 0 || remaining("u2") != 0 || remaining("u3") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("instance B's request did not commit carol's units in u1..u3 within 3 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	must(a.Limiter(), user, "/other", false, "carol at A while B's units are held")
-	if d := must(a.Limiter(), user, "/other", false, "carol at A again"); !d.Cached {
+	p := newClusterPair(t, c, clusterThreeUserRulesYAML, prefix)
+	done, thawX := p.holdAtGlobal(user, x, "u1", "u2", "u3")
+	p.must(p.a, user, "/other", false, "carol at A while B's units are held")
+	if d := p.must(p.a, user, "/other", false, "carol at A again"); !d.Cached {
 		t.Fatal("instance A did not cache carol's denial")
 	}
-	if n := aCache.Len(); n != 3 {
+	if n := p.aCache.Len(); n != 3 {
 		t.Fatalf("instance A caches %d denials of carol, want 3 (u1, u2, u3)", n)
 	}
 
-	freeze(y)
-	thaw(x)
-	o := <-done
-	if o.err != nil || o.d.Admitted || o.d.Undecided {
-		t.Fatalf("instance B's request to /g: admitted=%v undecided=%v err %v, want denied by global", o.d.Admitted, o.d.Undecided, o.err)
-	}
+	thawY := p.freeze(y)
+	thawX()
+	p.deniedByGlobal(<-done)
 	refunded := time.Now()
 	// An announcement that arrives arrives within milliseconds; one sent
-	// to Y gives up after 1 s. Wait 2 s (Y is failed over after ~4 s).
-	for aCache.Len() != 0 && time.Since(refunded) < 2*time.Second {
+	// to Y gave up after 1 s. Wait 2 s (Y is failed over after ~4 s).
+	for p.aCache.Len() != 0 && time.Since(refunded) < 2*time.Second {
 		time.Sleep(5 * time.Millisecond)
 	}
-	left := aCache.Len()
+	left := p.aCache.Len()
 	var rem [3]int64
 	for i, r := range []string{"u1", "u2", "u3"} {
-		rem[i] = remaining(r)
+		rem[i] = p.remaining(r, user)
 	}
-	d, err := decide(context.Background(), a.Limiter(), user, "/other")
-	thaw(y)
+	d, err := p.decide(context.Background(), p.a, user, "/other")
+	thawY()
 	if left != 0 {
 		t.Fatalf("%v after B's refund (Redis: carol has %v left in u1, u2, u3), instance A still caches %d of carol's 3 denials and answers her request admitted=%v cached=%v err %v, retry %v: the announcement sent to the frozen primary %s was lost, and A denies her until the hour's end",
 			time.Since(refunded).Round(time.Millisecond), rem, left, d.Admitted, d.Cached, err, retryOf(d).Round(time.Second), y)

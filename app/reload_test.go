@@ -159,15 +159,23 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 	var logs syncBuffer
 	a, write := fileApp(t, rule("fixed_window", "[user]", 5), zerolog.New(&logs))
 	const msg = "from zero"
-	for _, c := range []struct {
-		yaml, want string
-	}{
+	reloadWarns(t, a, write, &logs, msg, []reloadWarning{
 		{rule("fixed_window", "[user]", 9), ""},
 		{rule("gcra", "[user]", 9), "r (algorithm fixed_window -> gcra)"},
 		{rule("gcra", "[user, route]", 9), "r (key [user] -> [user route])"},
 		{"identity: {ipv6_prefix: 56}\n" + rule("gcra", "[user, route]", 9), "identity.ipv6_prefix changed"},
 		{"identity: {ipv6_prefix: 56, path_parameters: strip}\n" + rule("gcra", "[user, route]", 9), "identity.path_parameters changed"},
-	} {
+	})
+}
+
+// reloadWarning is a file to reload and the one warning line (containing
+// want) it must log with the message msg, or none (want "").
+type reloadWarning struct{ yaml, want string }
+
+// reloadWarns reloads each file in turn and checks the warnings it logs.
+func reloadWarns(t *testing.T, a *App, write func(string), logs *syncBuffer, msg string, cases []reloadWarning) {
+	t.Helper()
+	for _, c := range cases {
 		before := logs.lines(msg)
 		write(c.yaml)
 		if _, err := a.Reload("test"); err != nil {
@@ -175,9 +183,9 @@ func TestReloadWarnsOfFreshCounts(t *testing.T) {
 		}
 		switch got := logs.lines(msg) - before; {
 		case c.want == "" && got != 0:
-			t.Fatalf("a change of numbers alone logged %d fresh-count warnings", got)
+			t.Fatalf("%q: %d warnings %q, want none", c.yaml, got, msg)
 		case c.want != "" && (got != 1 || logs.lines(c.want) == 0):
-			t.Fatalf("%d warnings, want one naming %q", got, c.want)
+			t.Fatalf("%q: %d warnings, want one naming %q", c.yaml, got, c.want)
 		}
 	}
 }
@@ -199,9 +207,7 @@ func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
 	var logs syncBuffer
 	a, write := fileApp(t, rule("fixed_window", 5, 0), zerolog.New(&logs))
 	const msg = "can together admit more than either"
-	for _, c := range []struct {
-		yaml, want string
-	}{
+	reloadWarns(t, a, write, &logs, msg, []reloadWarning{
 		{rule("fixed_window", 9, 0), ""},
 		{rule("sliding_window", 9, 0), ""},
 		{rule("sliding_window", 4, 0), ""},
@@ -212,19 +218,7 @@ func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
 		{rule("token_bucket", 5, 2), "r (token_bucket 4/1h0m0s burst 2 -> 5/1h0m0s burst 2)"},
 		{rule("sliding_log", 5, 0), ""},
 		{rule("sliding_log", 6, 0), "r (sliding_log 5/1h0m0s burst 5 -> 6/1h0m0s burst 6)"},
-	} {
-		before := logs.lines(msg)
-		write(c.yaml)
-		if _, err := a.Reload("test"); err != nil {
-			t.Fatal(err)
-		}
-		switch got := logs.lines(msg) - before; {
-		case c.want == "" && got != 0:
-			t.Fatalf("%q: %d warnings, want none", c.yaml, got)
-		case c.want != "" && (got != 1 || logs.lines(c.want) == 0):
-			t.Fatalf("%q: %d warnings, want one naming %q", c.yaml, got, c.want)
-		}
-	}
+	})
 }
 
 // TestReloadAppliesPathParameters: identity.path_parameters changed by a

@@ -295,9 +295,11 @@ type refundJob struct {
 	args []any
 	idx  []int // the refunded checks' indices into the batch
 	err  error
-	// unmarked: the marker was dropped (unmark); mayHaveRun: an unmarked
-	// send failed other than by Redis saying it did not run it, so it is
-	// never sent again
+	// unmarked: the marker was dropped (unmark). mayHaveRun: a send failed
+	// other than by Redis saying it did not run it. An unmarked job that
+	// may have run is never sent again; a marked one may be (its marker
+	// answers), but is never unmarked: its marker may exist by then, and a
+	// TRYAGAIN may mean the refunded key moved away from it.
 	unmarked, mayHaveRun bool
 }
 
@@ -317,6 +319,9 @@ func (j *refundJob) refunded() []string {
 // alone, wherever they are (ASK follows them). Without the marker a resend
 // could give back twice: an unmarked refund is sent again only when Redis
 // said it did not run it (TRYAGAIN, MOVED, ASK), never after a lost reply.
+// Only a job no send of which may have run is unmarked: after a lost
+// reply the marker may be set, and TRYAGAIN then says the refunded key
+// has moved away from it (the refund ran: unmarked, it would run twice).
 func (j *refundJob) unmark() {
 	if j.unmarked {
 		return
@@ -407,18 +412,19 @@ func refundMarkerTTL(ctx context.Context) time.Duration {
 func (s *Store) runRefund(ctx context.Context, j *refundJob, results []limits.Result) error {
 	var reply any
 	var err error
-	if j.mayHaveRun {
+	if j.unmarked && j.mayHaveRun {
 		return fmt.Errorf("redis store: refund (slot %d): not sent again: an unmarked refund may have run", KeySlot(j.keys[0]))
 	}
 	for attempt := 1; ; attempt++ {
 		reply, err = s.sendRefund(ctx, j)
 		if err == nil || !notRun(err) {
-			j.mayHaveRun = err != nil && j.unmarked
+			j.mayHaveRun = j.mayHaveRun || err != nil
 			break
 		}
-		if isTryAgain(err) && !j.unmarked {
-			// The slot is being migrated and the marker is on neither
-			// side: unmarked, the refund runs where its keys are.
+		if isTryAgain(err) && !j.unmarked && !j.mayHaveRun {
+			// The slot is being migrated and the marker, never set (no
+			// send ran), is on neither side: unmarked, the refund runs
+			// where its keys are.
 			j.unmark()
 			continue
 		}

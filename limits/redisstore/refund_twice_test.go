@@ -24,7 +24,7 @@ func respCommand(args ...any) string {
 	return b.String()
 }
 
-// TestClusterRefundResentAfterLostReplyRunsTwiceInAMigratingSlot: a
+// TestClusterRefundResentAfterLostReplyRunsOnceInAMigratingSlot: a
 // denied request's refund (alice's slot admitted, global denied) is sent
 // with its marker; its reply is lost (alice's primary stalls past the
 // request's deadline, then runs it: the marker is set and alice's unit is
@@ -33,13 +33,15 @@ func respCommand(args ...any) string {
 // MIGRATE of alice's key) queued behind the first run. The resend names
 // alice's key, now on the target, and the marker, which the first run left
 // on the source: a script with one key present and one missing is refused
-// TRYAGAIN. runRefund takes that TRYAGAIN for "the marker is on neither
-// side" and drops the marker (unmark), and the unmarked refund follows ASK
-// to the target and gives alice's unit back a second time: the refund of a
-// resend is exactly what the marker was for. Alice (limit 2) then holds a
-// count of 0 after one admitted request, and is admitted twice more: three
-// admissions in a window of 2.
-func TestClusterRefundResentAfterLostReplyRunsTwiceInAMigratingSlot(t *testing.T) {
+// TRYAGAIN. runRefund took that TRYAGAIN for "the marker is on neither
+// side" and dropped the marker (unmark), and the unmarked refund followed
+// ASK to the target and gave alice's unit back a second time: the refund
+// of a resend is exactly what the marker is for. Alice (limit 2) then held
+// a count of 0 after one admitted request, and was admitted twice more:
+// three admissions in a window of 2. A job a send of which may have run is
+// never unmarked now: the resend waits out the migration or is lost
+// (strict).
+func TestClusterRefundResentAfterLostReplyRunsOnceInAMigratingSlot(t *testing.T) {
 	c := testredis.StartCluster(t)
 	rs := openClusterStore(t, c)
 	ctx := testredis.Ctx(t)

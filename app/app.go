@@ -296,6 +296,13 @@ func (a *App) wireRedis(cfg *config.Config, rs *redisstore.Store, lo *limits.Opt
 			dc.Forget(key)
 			resets.Announce(key)
 		})
+		m.AddCounterFuncs("rategate_deny_cache_announcements_total", "result", func() []metrics.LabeledValue {
+			st := resets.Stats()
+			return []metrics.LabeledValue{{Label: "sent", Value: float64(st.Sent)}, {Label: "failed", Value: float64(st.Failed)}}
+		})
+		m.AddCounterFunc("rategate_deny_cache_clear_all_sent_total",
+			"Messages sent that made every instance clear its deny cache, in place of key resets that could not be sent or queued.",
+			func() float64 { return float64(resets.Stats().Clears) })
 	}
 
 	a.top.SetShared(redisstore.NewTop(rs.Client(), cfg.Redis.KeyPrefix))

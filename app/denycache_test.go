@@ -123,6 +123,13 @@ func TestDenyCacheResetBroadcast(t *testing.T) {
 	if d := b.decide(t, "192.0.2.8"); !d.Cached {
 		t.Fatal("instance B forgot an identity nobody reset")
 	}
+	_, metricsText := call(t, a.admin, "GET", "/metrics", "")
+	for _, want := range []string{`rategate_deny_cache_announcements_total{result="sent"} 1`,
+		`rategate_deny_cache_announcements_total{result="failed"} 0`, `rategate_deny_cache_clear_all_sent_total 0`} {
+		if !strings.Contains(metricsText, want+"\n") {
+			t.Errorf("instance A's /metrics lacks %q", want)
+		}
+	}
 }
 
 // TestDenyCacheForgetsALateRefund: a denial Redis made between a commit

@@ -43,6 +43,19 @@ type Resets struct {
 	// pending; the publisher sends clearAll until it has covered them all.
 	escalated atomic.Uint64
 	wake      chan struct{}
+	// sent counts the keys published, clears the clearAll messages
+	// published (ResetStats)
+	sent, clears atomic.Uint64
+}
+
+// ResetStats counts what the publisher did: keys announced, announcements
+// that could not be sent or queued (each made the publisher send
+// clearAll), and clearAll messages sent.
+type ResetStats struct{ Sent, Failed, Clears uint64 }
+
+// Stats returns the publisher's counts so far.
+func (r *Resets) Stats() ResetStats {
+	return ResetStats{Sent: r.sent.Load(), Failed: r.escalated.Load(), Clears: r.clears.Load()}
 }
 
 // clearAll is the message that makes every instance clear its deny cache:
@@ -78,6 +91,7 @@ func (r *Resets) AnnounceReset(ctx context.Context, key string) error {
 		r.Announce(key)
 		return fmt.Errorf("announce reset on %s (left to the background): %w", r.channel, err)
 	}
+	r.sent.Add(1)
 	return nil
 }
 
@@ -156,6 +170,7 @@ func (r *Resets) runPublisher(ctx context.Context) {
 				continue
 			}
 			covered, pause, warned = esc, 50*time.Millisecond, false
+			r.clears.Add(1)
 			r.log.Info().Str("channel", r.channel).Msg("announced a deny cache clear to every instance in place of key resets that could not be sent")
 			continue
 		}
@@ -171,8 +186,12 @@ func (r *Resets) runPublisher(ctx context.Context) {
 			for len(keys) < maxBatchAnnouncements && len(r.pending) > 0 {
 				keys = append(keys, <-r.pending)
 			}
-			if err := r.publish(ctx, keys...); err != nil && ctx.Err() == nil {
-				r.escalate()
+			if err := r.publish(ctx, keys...); err != nil {
+				if ctx.Err() == nil {
+					r.escalate()
+				}
+			} else {
+				r.sent.Add(uint64(len(keys)))
 			}
 		}
 	}

@@ -80,6 +80,9 @@ func TestResetsAnnouncedKeyIsForgottenElsewhere(t *testing.T) {
 	runResets(t, here)
 	here.Announce("rg:{u:alice}:fw2")
 	waitLen(t, other, 1, "after alice's key was announced")
+	if st := here.Stats(); st.Sent != 1 || st.Failed != 0 || st.Clears != 0 {
+		t.Fatalf("publisher counts %+v, want one key sent", st)
+	}
 }
 
 // TestResetsOverflowClearsEveryCache: announcements past what the queue
@@ -103,4 +106,7 @@ func TestResetsOverflowClearsEveryCache(t *testing.T) {
 	}
 	runResets(t, here)
 	waitLen(t, other, 0, "after the overflow")
+	if st := here.Stats(); st.Failed != 10 || st.Clears != 1 {
+		t.Fatalf("publisher counts %+v, want the 10 keys past the queue failed and one clear sent", st)
+	}
 }

@@ -46,6 +46,9 @@ type Resets struct {
 	// sent counts the keys published, clears the clearAll messages
 	// published (ResetStats)
 	sent, clears atomic.Uint64
+	// stopped is set when the publisher flushes at its end (Announce then
+	// publishes itself)
+	stopped atomic.Bool
 }
 
 // ResetStats counts what the publisher did: keys announced, announcements
@@ -96,8 +99,19 @@ func (r *Resets) AnnounceReset(ctx context.Context, key string) error {
 }
 
 // Announce queues key for the publisher, without waiting: the refund path
-// calls it from a request.
+// calls it from a request. Once the publisher has stopped (the instance is
+// shutting down, its last refunds still landing) it publishes at once.
 func (r *Resets) Announce(key string) {
+	if r.stopped.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+		defer cancel()
+		if r.publish(ctx, key) == nil {
+			r.sent.Add(1)
+		} else {
+			r.escalated.Add(1)
+		}
+		return
+	}
 	select {
 	case r.pending <- key:
 	default:
@@ -163,6 +177,7 @@ func (r *Resets) runPublisher(ctx context.Context) {
 				}
 				select {
 				case <-ctx.Done():
+					r.flush(nil, covered)
 					return
 				case <-time.After(pause):
 				}
@@ -176,6 +191,7 @@ func (r *Resets) runPublisher(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+			r.flush(nil, covered)
 			return
 		case <-r.wake:
 		case key := <-r.pending:
@@ -187,13 +203,54 @@ func (r *Resets) runPublisher(ctx context.Context) {
 				keys = append(keys, <-r.pending)
 			}
 			if err := r.publish(ctx, keys...); err != nil {
-				if ctx.Err() == nil {
-					r.escalate()
+				if ctx.Err() != nil {
+					r.flush(keys, covered) // cut short by the shutdown
+					return
 				}
+				r.escalate()
 			} else {
 				r.sent.Add(uint64(len(keys)))
 			}
 		}
+	}
+}
+
+// flushTimeout bounds what the publisher still sends at its end.
+const flushTimeout = 2 * time.Second
+
+// flush sends, as the publisher ends (the instance shuts down, as on every
+// rolling deploy), what it has not sent: unsent (a batch the shutdown cut
+// short) and the keys queued, or clearAll when an announcement failed
+// since the last one was sent; within flushTimeout. Dropped, they would
+// leave the other instances denying those identities until their retry
+// while Redis admits them. Afterwards Announce publishes by itself.
+func (r *Resets) flush(unsent []string, covered uint64) {
+	r.stopped.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	keys := append([]string(nil), unsent...)
+	for range 2 { // again for what was queued as stopped was set
+		for len(r.pending) > 0 {
+			keys = append(keys, <-r.pending)
+		}
+		if r.escalated.Load() != covered {
+			if r.publish(ctx, clearAll) == nil {
+				r.clears.Add(1)
+				covered = r.escalated.Load()
+			}
+			keys = keys[:0] // covered by the clear (or lost with it)
+			continue
+		}
+		for len(keys) > 0 {
+			n := min(len(keys), maxBatchAnnouncements)
+			if err := r.publish(ctx, keys[:n]...); err != nil {
+				r.escalated.Add(1) // what this run could not send: the second turn tries clearAll
+				break
+			}
+			r.sent.Add(uint64(n))
+			keys = keys[n:]
+		}
+		keys = keys[:0]
 	}
 }
 

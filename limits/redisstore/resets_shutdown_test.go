@@ -14,11 +14,11 @@ import (
 
 // TestResetsShutdownKeepsQueuedAnnouncements: Resets promises that a refund
 // announcement is queued and never lost (one that cannot be sent becomes a
-// clear of every instance's cache). But when Run's context ends (App.Close,
-// every rolling deploy) the publisher returns at once: the batch it is
-// publishing is abandoned (its PUBLISH fails with the cancelled context,
-// and a failure under a cancelled context is not escalated) and whatever
-// is still queued is dropped. The refunds behind those announcements were
+// clear of every instance's cache). But when Run's context ended (App.Close,
+// every rolling deploy) the publisher returned at once: the batch it was
+// publishing was abandoned (its PUBLISH failed with the cancelled context,
+// and a failure under a cancelled context was not escalated) and whatever
+// was still queued was dropped (now flush sends both before it returns). The refunds behind those announcements were
 // done in Redis, so every other instance keeps denying the identity from
 // its cache until the cached retry time (a whole window for a fixed
 // window), while Redis admits it. Here the shutting-down instance is 20 ms

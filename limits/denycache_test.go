@@ -367,7 +367,7 @@ func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
 	}{
 		{"memory", memory, 40, 400},
 		{"redis", redisDCStore, 6, 300},
-		{"cluster", clusterDCStore, 3, 300},
+		{"cluster", clusterDCStore, 6, 300},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			s := sc.open(t)

@@ -31,6 +31,9 @@ type dcStore struct {
 	// settle runs after every step that may have written to keys. It
 	// reports whether the store lost state the timeline still counts on.
 	settle func(t *testing.T, keys map[string]bool) (lost bool)
+	// lostShare: at most steps/lostShare timelines may lose state (0: 50)
+	// before the test says too little
+	lostShare int
 }
 
 // redisDCStore is a real Redis for the property test. The timeline runs on
@@ -68,13 +71,14 @@ func redisDCStore(t *testing.T) dcStore {
 	}}
 }
 
-// clusterDCStore is the shared Redis Cluster for the property test: the
-// mixed rules' keys are in different slots, so a request one slot denies
-// after another admitted is refunded there (within the decision: the
-// timeline's next step sees the refunded state). settle works as
-// redisDCStore's, over every primary.
+// clusterDCStore is a Redis Cluster for the property test: the mixed
+// rules' keys are in different slots, so a request one slot denies after
+// another admitted is refunded there (within the decision: the timeline's
+// next step sees the refunded state). settle works as redisDCStore's, over
+// every primary; the cluster is the test's own, since keys other tests
+// let expire on a shared one would count as state this test lost.
 func clusterDCStore(t *testing.T) dcStore {
-	c := sharedCluster.Get(t)
+	c := testredis.StartCluster(t)
 	rs, err := redisstore.Open(redisstore.Options{ClusterAddrs: c.Addrs()})
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +86,9 @@ func clusterDCStore(t *testing.T) dcStore {
 	t.Cleanup(func() { rs.Close() })
 	client := c.Client(t)
 	var expired int64
-	return dcStore{name: "cluster", store: rs, settle: func(t *testing.T, keys map[string]bool) bool {
+	// Its settle reads three primaries, and under -race on a busy machine
+	// more short-lived keys expire before it than on one Redis: 5%.
+	return dcStore{name: "cluster", store: rs, lostShare: 20, settle: func(t *testing.T, keys map[string]bool) bool {
 		ctx := context.Background()
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for k := range keys {
@@ -387,7 +393,11 @@ func TestDenyCacheNeverDeniesWhatStoreAdmits(t *testing.T) {
 					if sum.hits < sum.steps/20 || sum.hits < 20 {
 						t.Errorf("only %d of %d requests answered by the cache", sum.hits, sum.steps)
 					}
-					if sum.lost > sum.steps/50 {
+					share := s.lostShare
+					if share == 0 {
+						share = 50
+					}
+					if sum.lost > sum.steps/share {
 						t.Errorf("%d timelines lost Redis state; the test says little", sum.lost)
 					}
 					all.add(sum)

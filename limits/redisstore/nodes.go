@@ -293,24 +293,24 @@ func notRun(err error) bool {
 	if _, _, _, ok := redirect(err); ok {
 		return true
 	}
+	word := errWord(err)
+	return word == "TRYAGAIN" || word == "CLUSTERDOWN"
+}
+
+// errWord returns the first word of err when it is a reply Redis sent
+// ("TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"...), "" otherwise.
+func errWord(err error) string {
 	var re redis.Error
 	if !errors.As(err, &re) {
-		return false
+		return ""
 	}
 	word, _, _ := strings.Cut(re.Error(), " ")
-	return word == "TRYAGAIN" || word == "CLUSTERDOWN"
+	return word
 }
 
 // isTryAgain reports whether err is Redis's TRYAGAIN: a multi-key command
 // on a slot being migrated whose keys are not all on one side.
-func isTryAgain(err error) bool {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	word, _, _ := strings.Cut(re.Error(), " ")
-	return word == "TRYAGAIN"
-}
+func isTryAgain(err error) bool { return errWord(err) == "TRYAGAIN" }
 
 // askingEval runs one call on addr after ASKING (a slot being migrated),
 // as one pipeline: ASKING, then EVALSHA (EVAL when the node lacks the

@@ -4,11 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/rs/zerolog"
-
-	"github.com/rategate/rategate/internal/testredis"
-	"github.com/rategate/rategate/limits"
 )
 
 // TestResetsBurstDoesNotDelayAnnouncements: the publisher sent the queued
@@ -23,14 +18,7 @@ import (
 // instance held alice's cached denial 1.4 s. What queued is now sent in
 // one round trip (up to 512 keys): about 15 ms.
 func TestResetsBurstDoesNotDelayAnnouncements(t *testing.T) {
-	srv := testredis.Start(t)
-	prefix := fmt.Sprintf("resets%d", time.Now().UnixNano())
-	other, fill := deniedCache(t)
-	runResets(t, NewResets(srv.Client(t), prefix, other, zerolog.Nop()))
-	fill("alice")
-
-	proxy := testredis.StartProxy(t, srv.Addr)
-	far := NewResets(testredis.NodeClient(t, proxy.Addr), prefix, limits.NewDenyCache(10), zerolog.Nop())
+	other, far, proxy := twoInstances(t, true, "alice")
 	runResets(t, far)
 	proxy.DelayReplies(time.Millisecond)
 

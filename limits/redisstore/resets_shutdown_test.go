@@ -2,14 +2,8 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
-
-	"github.com/rs/zerolog"
-
-	"github.com/rategate/rategate/internal/testredis"
-	"github.com/rategate/rategate/limits"
 )
 
 // TestResetsShutdownKeepsQueuedAnnouncements: Resets promises that a refund
@@ -18,22 +12,15 @@ import (
 // every rolling deploy) the publisher returned at once: the batch it was
 // publishing was abandoned (its PUBLISH failed with the cancelled context,
 // and a failure under a cancelled context was not escalated) and whatever
-// was still queued was dropped (now flush sends both before it returns). The refunds behind those announcements were
-// done in Redis, so every other instance keeps denying the identity from
-// its cache until the cached retry time (a whole window for a fixed
-// window), while Redis admits it. Here the shutting-down instance is 20 ms
+// was still queued was dropped (now flush sends both before it returns).
+// The refunds behind those announcements were done in Redis, so every
+// other instance kept denying the identity from its cache until the cached
+// retry time (a whole window for a fixed window), while Redis admitted it. Here the shutting-down instance is 20 ms
 // from Redis (replies delayed); a refund's announcement is being
 // published and alice's and bob's are queued behind it when the instance
 // stops: the other instance still denies both 2 s later.
 func TestResetsShutdownKeepsQueuedAnnouncements(t *testing.T) {
-	srv := testredis.Start(t)
-	prefix := fmt.Sprintf("resets%d", time.Now().UnixNano())
-	other, fill := deniedCache(t)
-	runResets(t, NewResets(srv.Client(t), prefix, other, zerolog.Nop()))
-	fill("alice", "bob")
-
-	proxy := testredis.StartProxy(t, srv.Addr)
-	far := NewResets(testredis.NodeClient(t, proxy.Addr), prefix, limits.NewDenyCache(10), zerolog.Nop())
+	other, far, proxy := twoInstances(t, true, "alice", "bob")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); far.Run(ctx) }()

@@ -41,6 +41,26 @@ func deniedCache(t *testing.T) (*limits.DenyCache, func(users ...string)) {
 	}
 }
 
+// twoInstances starts a real Redis with another instance on it: its deny
+// cache, listening on the reset channel of a fresh prefix, holds a cached
+// denial of each user given. It returns that cache and this instance's
+// Resets on the same channel, not running yet; with viaProxy this instance
+// reaches Redis through the returned fault proxy (nil otherwise).
+func twoInstances(t *testing.T, viaProxy bool, users ...string) (other *limits.DenyCache, here *Resets, proxy *testredis.Proxy) {
+	t.Helper()
+	srv := testredis.Start(t)
+	prefix := fmt.Sprintf("resets%d", time.Now().UnixNano())
+	other, fill := deniedCache(t)
+	runResets(t, NewResets(srv.Client(t), prefix, other, zerolog.Nop()))
+	fill(users...)
+	client := srv.Client(t)
+	if viaProxy {
+		proxy = testredis.StartProxy(t, srv.Addr)
+		client = testredis.NodeClient(t, proxy.Addr)
+	}
+	return other, NewResets(client, prefix, limits.NewDenyCache(10), zerolog.Nop()), proxy
+}
+
 // runResets runs r until the test ends and waits for its subscription.
 func runResets(t *testing.T, r *Resets) {
 	t.Helper()
@@ -70,13 +90,7 @@ func waitLen(t *testing.T, c *limits.DenyCache, n int, what string) {
 // TestResetsAnnouncedKeyIsForgottenElsewhere: a key Announce queues
 // reaches the other instance, which forgets that key only.
 func TestResetsAnnouncedKeyIsForgottenElsewhere(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	prefix := fmt.Sprintf("resets%d", time.Now().UnixNano())
-	other, fill := deniedCache(t)
-	runResets(t, NewResets(client, prefix, other, zerolog.Nop()))
-	fill("alice", "bob")
-	here := NewResets(client, prefix, limits.NewDenyCache(10), zerolog.Nop())
+	other, here, _ := twoInstances(t, false, "alice", "bob")
 	runResets(t, here)
 	here.Announce("rg:{u:alice}:fw2")
 	waitLen(t, other, 1, "after alice's key was announced")
@@ -90,13 +104,7 @@ func TestResetsAnnouncedKeyIsForgottenElsewhere(t *testing.T) {
 // Redis admits, until its retry time): one clearAll stands for them, and
 // every instance clears its cache.
 func TestResetsOverflowClearsEveryCache(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	prefix := fmt.Sprintf("resets%d", time.Now().UnixNano())
-	other, fill := deniedCache(t)
-	runResets(t, NewResets(client, prefix, other, zerolog.Nop()))
-	fill("alice", "bob", "carol")
-	here := NewResets(client, prefix, limits.NewDenyCache(10), zerolog.Nop())
+	other, here, _ := twoInstances(t, false, "alice", "bob", "carol")
 	// Queued before the publisher runs: the last ones overflow.
 	for i := range maxPendingAnnouncements + 10 {
 		here.Announce(fmt.Sprintf("rg:{u:x%d}:fw2", i))

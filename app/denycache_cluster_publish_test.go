@@ -8,7 +8,6 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // clusterThreeUserRulesYAML: three per-user rules (each in its own slot:
@@ -65,13 +64,7 @@ func TestDenyCacheOnClusterRefundAnnouncementSurvivesAStalledPrimary(t *testing.
 	if err != nil || len(primaries) != 3 {
 		t.Fatalf("primaries: %v %v", primaries, err)
 	}
-	owner := func(key string) string {
-		addr, err := c.PrimaryForSlot(redisstore.KeySlot(key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return addr
-	}
+	owner := func(key string) string { return slotOwner(t, c, key) }
 	x := owner("p:{global:}:fw") // the slot is the tag's, whatever the prefix
 	var prefix, z string
 	for i := range 200 {

@@ -70,9 +70,15 @@ func newClusterPair(t *testing.T, c *testredis.Cluster, yaml, prefix string) *cl
 // owner returns the address of the primary that holds key's slot.
 func (p *clusterPair) owner(key string) string {
 	p.t.Helper()
-	addr, err := p.c.PrimaryForSlot(redisstore.KeySlot(key))
+	return slotOwner(p.t, p.c, key)
+}
+
+// slotOwner returns the address of the primary of c that holds key's slot.
+func slotOwner(t *testing.T, c *testredis.Cluster, key string) string {
+	t.Helper()
+	addr, err := c.PrimaryForSlot(redisstore.KeySlot(key))
 	if err != nil {
-		p.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return addr
 }

@@ -225,10 +225,12 @@ func identityChanges(p, n config.Identity) []string {
 	return out
 }
 
-// disagreeingNumbers names the gcra, token_bucket and sliding_log rules
-// whose limit, period or burst a reload changes (algorithm and key kept):
-// while some instances still run the old numbers, the two sides read each
-// other's records in their own terms and together admit more than either.
+// disagreeingNumbers names the gcra and token_bucket rules whose rate
+// (limit or period) a reload changes, and the sliding_log rules whose limit
+// or period it changes (algorithm and key kept): while some instances still
+// run the old numbers, the two sides read each other's records in their own
+// terms and together admit more than either. A bucket's burst alone is
+// safe to change: both sides read the record as it stands.
 func disagreeingNumbers(prev, next []*limits.Rule) []string {
 	var out []string
 	for _, n := range next {
@@ -239,7 +241,7 @@ func disagreeingNumbers(prev, next []*limits.Rule) []string {
 			if p.Name != n.Name || p.Algorithm != n.Algorithm || !slices.Equal(p.Key, n.Key) {
 				continue
 			}
-			if p.Limit != n.Limit || p.Period != n.Period || (n.Algorithm.UsesBurst() && p.Burst != n.Burst) {
+			if p.Limit != n.Limit || p.Period != n.Period {
 				out = append(out, fmt.Sprintf("%s (%s %d/%v burst %d -> %d/%v burst %d)", n.Name, n.Algorithm, p.Limit, p.Period, p.Burst, n.Limit, n.Period, n.Burst))
 			}
 		}

@@ -190,12 +190,13 @@ func reloadWarns(t *testing.T, a *App, write func(string), logs *syncBuffer, msg
 	}
 }
 
-// TestReloadWarnsOfDisagreeingNumbers: a reload that changes the numbers
-// of a gcra, token_bucket or sliding_log rule warns that instances with
-// the old and the new numbers together admit more than either until all
-// run the new file (docs/algorithms.md, "While instances disagree"); the
-// window algorithms, which hold across such a fleet, do not warn, nor does
-// a reload that changes no number.
+// TestReloadWarnsOfDisagreeingNumbers: a reload that changes the rate of
+// a gcra or token_bucket rule, or the numbers of a sliding_log rule, warns
+// that instances with the old and the new numbers together admit more than
+// either until all run the new file (docs/algorithms.md, "While instances
+// disagree"); the window algorithms and a bucket's burst alone, which hold
+// across such a fleet, do not warn, nor does a reload that changes no
+// number.
 func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
 	rule := func(algo string, limit, burst int) string {
 		y := fmt.Sprintf("rules:\n  - name: r\n    key: [user]\n    algorithm: %s\n    limit: %d\n    period: 1h\n", algo, limit)
@@ -213,9 +214,11 @@ func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
 		{rule("sliding_window", 4, 0), ""},
 		{rule("gcra", 4, 0), ""}, // a new algorithm: fresh counts, warned of apart
 		{rule("gcra", 4, 0), ""},
-		{rule("gcra", 4, 2), "r (gcra 4/1h0m0s burst 4 -> 4/1h0m0s burst 2)"},
-		{rule("token_bucket", 4, 2), ""},
-		{rule("token_bucket", 5, 2), "r (token_bucket 4/1h0m0s burst 2 -> 5/1h0m0s burst 2)"},
+		{rule("gcra", 4, 2), ""}, // the burst alone: both sides read the TAT as it stands
+		{rule("gcra", 5, 2), "r (gcra 4/1h0m0s burst 2 -> 5/1h0m0s burst 2)"},
+		{rule("token_bucket", 5, 2), ""},
+		{rule("token_bucket", 5, 9), ""},
+		{rule("token_bucket", 6, 9), "r (token_bucket 5/1h0m0s burst 9 -> 6/1h0m0s burst 9)"},
 		{rule("sliding_log", 5, 0), ""},
 		{rule("sliding_log", 6, 0), "r (sliding_log 5/1h0m0s burst 5 -> 6/1h0m0s burst 6)"},
 	})

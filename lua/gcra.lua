@@ -15,16 +15,21 @@
 -- Algorithm: T = P/L, tolerance tau = B*T; tat = max(stored, now), new = tat + c*T;
 -- allow iff new - now <= tau, then store new. The key expires when its TAT passes.
 --
--- Rule changes (a reload or override changes L, P or B under a live key): the
--- backlog d = tat - now can be read two ways under a new T: as time (the TAT
--- stays where it is) or as what was used, in units of the old T (rounded up)
--- queued at the new T. Neither may be looser, so the larger one is carried:
--- time when the rate went up, units when it went down. A backlog above the
--- new tolerance (B shrank, or T grew) is capped at tau: the identity has
--- used its whole burst, no more. The first decision that costs something
--- writes the converted or capped TAT back, so it drains at the new rate from
--- then on (until then the store has not seen the change). With L, P and B
--- unchanged the TAT never exceeds now + tau and nothing of this shows.
+-- Rule changes (a reload or override changes L, P or B under a live key):
+-- under the same rate (L and P) the TAT is read as it stands, whatever B
+-- was. A burst that shrank leaves an identity that used more than the new
+-- one holds to wait the difference out (as a window count above a lowered
+-- limit does), and nothing is rewritten, so instances still on the old
+-- burst read the record as before: a fleet mid-reload admits no more than
+-- the looser burst alone. Under a new T the backlog d = tat - now can be
+-- read two ways: as time (the TAT stays where it is) or as what was used,
+-- in units of the old T (rounded up) queued at the new T. Neither may be
+-- looser, so the larger one is carried: time when the rate went up, units
+-- when it went down, capped at tau (the identity has used its whole burst,
+-- no more). The first decision that costs something writes the converted
+-- TAT back, so it drains at the new rate from then on (until then the
+-- store has not seen the change). With L, P and B unchanged the TAT never
+-- exceeds now + tau.
 --
 -- Rounding: none in the decision. T is kept exactly as q + r/L µs (q = floor(P/L),
 -- r = P mod L) and every TAT as whole µs + f/L, so fractional intervals (L=3 per
@@ -87,10 +92,11 @@ end
 
 -- gc_backlog returns the backlog d = tat - now (>= 0, whole µs + numerator
 -- over L) a stored TAT t + f/sl written under limit sl and period sp means
--- under limit L, period P and burst B: as it is when sl and sp are L and P,
+-- under limit L, period P and burst B: as it is when sl and sp are L and P
+-- (even beyond tau: a burst that shrank leaves what was used to wait out),
 -- else the larger of d rounded up to a whole µs and d's whole units of the
--- old T, rounded up, at the new T; capped at tau = (ti, tf) either way.
--- changed is true when the stored TAT has to be rewritten.
+-- old T, rounded up, at the new T, capped at tau = (ti, tf). changed is
+-- true when the stored TAT has to be rewritten (the rate changed).
 local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
   local di, df = 0, 0
   local changed = false
@@ -112,9 +118,7 @@ local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
       local ui, uf = gc_times(u, q, r, limit)
       if ui > di or (ui == di and uf > 0) then di, df = ui, uf end
     end
-  end
-  if di > ti or (di == ti and df > tf) then
-    di, df, changed = ti, tf, true
+    if di > ti or (di == ti and df > tf) then di, df = ti, tf end
   end
   return di, df, changed
 end

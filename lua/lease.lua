@@ -137,11 +137,19 @@ local function ls_tb_state(key, now, limit, period, burst, o)
       else
         -- written under other numbers: capped under those first, then
         -- converted as token_bucket converts it (a cost above the burst
-        -- decides nothing)
+        -- decides nothing); under another burst at the same rate, read as
+        -- token_bucket reads it and not rewritten (have may be below 0)
         local c = sb - o
         if c < 0 then c = 0 end
         local h, hri = tb_level(tokens, ts, now, c, sq, sr, sl, sp)
         token_bucket_store(key, h, now - hri, sl, sp, sb, nil)
+        if sl == limit and sp == period then
+          local have, ri = h - sb + burst, hri
+          c = burst - o
+          if c < 0 then c = 0 end
+          if have >= c then have, ri = c, 0 end
+          return have, ri, 0, q, r
+        end
         token_bucket(key, now, limit, period, burst, burst + 1)
         tokens, ts = token_bucket_load(key)
       end
@@ -154,7 +162,10 @@ local function ls_tb_state(key, now, limit, period, burst, o)
   return have, ri, rf, q, r
 end
 
+-- ls_tb_write writes the level, or leaves a record read under another
+-- burst as it stands while it holds less than nothing (ls_tb_state).
 local function ls_tb_write(key, now, limit, period, burst, have, ri, q, r)
+  if have < 0 then return end
   if have >= burst then
     redis.call('DEL', key)
     return
@@ -324,9 +335,9 @@ if op == 'take' then
     local have, ri, rf, q, r = ls_tb_state(key, now, limit, period, burst, o)
     reset = tb_after(burst - have, ri, rf, q, r, limit)
     if need > burst then
-      g, rem, retry = 0, have, -1
+      g, rem, retry = 0, math.max(have, 0), -1
     elseif have < need then
-      g, rem, retry = 0, have, tb_after(need - have, ri, rf, q, r, limit)
+      g, rem, retry = 0, math.max(have, 0), tb_after(need - have, ri, rf, q, r, limit)
     else
       g = want
       if g > have then g = have end

@@ -15,14 +15,18 @@
 -- Rule changes (a reload or override changes L, P or B under a live key):
 -- the level is brought up to now at the rate it was written under, and what
 -- was used, old B - tokens_now, is taken from the new B (a larger burst adds
--- its difference, a smaller one removes it, never below 0). Under another
--- rate the bucket may hold no more than the time it still needed to be full
--- allows at the new rate either (rounded against the client), and the part
--- of a token already earned is dropped: the stricter of the two readings is
--- carried, as gcra does, and the two stay equivalent across changes. The
--- first decision that costs something writes the converted bucket back, so
--- it refills at the new rate from then on (until then the store has not
--- seen the change).
+-- its difference; a smaller one removes it, even below 0: an identity that
+-- used more than the new burst holds refills the difference first, as gcra
+-- waits out a backlog beyond tau). Under the same rate nothing is rewritten
+-- until an admission, so instances still on the old burst read the record
+-- as before (a fleet mid-reload admits no more than the looser burst alone).
+-- Under another rate the bucket may hold no more than the time it still
+-- needed to be full allows at the new rate either (rounded against the
+-- client), never below 0, and the part of a token already earned is
+-- dropped: the stricter of the two readings is carried, as gcra does, and
+-- the two stay equivalent across changes. The first decision that costs
+-- something writes the converted bucket back, so it refills at the new rate
+-- from then on (until then the store has not seen the change).
 --
 -- Rounding: a token's refill time T = P/L is kept exactly as q + r/L µs, so the
 -- refill is counted exactly: tokens_now = tokens + k (k whole tokens earned) plus
@@ -161,15 +165,15 @@ local function token_bucket(key, now, limit, period, burst, cost, solo, io)
   local have, ri, rf = burst, 0, 0
   local tokens, ts, sl, sp, sb = token_bucket_load(key, io)
   if tokens then
-    local same = sl == limit and sp == period and sb == burst
-    if sl == limit and sp == period then
+    local rate = sl == limit and sp == period
+    if rate then
       have, ri, rf = tb_level(tokens, ts, now, sb, q, r, limit, period)
       if sb ~= burst then
         -- another burst, the same rate: carry what was used and rho (its
-        -- sub-µs part dropped, as an admission would); more used than the
-        -- new burst holds is an empty bucket, with nothing earned (gcra's cap)
+        -- sub-µs part dropped, as an admission would), even more than the
+        -- new burst holds (have < 0: that much to refill first, as gcra's
+        -- backlog beyond tau); nothing is rewritten until an admission
         have, rf = have - sb + burst, 0
-        if have < 0 then have, ri = 0, 0 end
         if have >= burst then have, ri = burst, 0 end
       end
     else
@@ -195,7 +199,7 @@ local function token_bucket(key, now, limit, period, burst, cost, solo, io)
         have, ri, rf = burst - m, mi - full, 0
       end
     end
-    if not same and cost > 0 then
+    if not rate and cost > 0 then
       if have >= burst then
         token_bucket_store(key, false, 0, limit, period, burst, nil, io)
       else
@@ -204,10 +208,12 @@ local function token_bucket(key, now, limit, period, burst, cost, solo, io)
     end
   end
   local reset = tb_after(burst - have, ri, rf, q, r, limit)
-  if cost > burst then return 0, have, reset, -1 end
-  if cost == 0 then return 1, have, reset, 0 end
+  local rem = have
+  if rem < 0 then rem = 0 end
+  if cost > burst then return 0, rem, reset, -1 end
+  if cost == 0 then return 1, rem, reset, 0 end
   if have < cost then
-    return 0, have, reset, tb_after(cost - have, ri, rf, q, r, limit)
+    return 0, rem, reset, tb_after(cost - have, ri, rf, q, r, limit)
   end
   local left = have - cost
   -- stored state: left tokens at now - ri (rf is the dropped sub-µs part)

@@ -89,10 +89,11 @@ func (t interval) left(ti, tf, di, df, burst int64) int64 {
 
 // backlog is gc_backlog: the backlog d = tat - now (whole µs + numerator
 // over L, >= 0) that a TAT tat + f/sl written under limit sl and period sp
-// means under t: as it is when sl and sp are t's, else the larger of d
-// rounded up to a whole µs and d's whole units of the old interval, rounded
-// up, queued at t; capped at the tolerance (ti, tf) either way. changed says
-// the TAT is to be rewritten.
+// means under t: as it is when sl and sp are t's (even beyond the
+// tolerance: a burst that shrank leaves what was used to wait out), else
+// the larger of d rounded up to a whole µs and d's whole units of the old
+// interval, rounded up, queued at t, capped at the tolerance (ti, tf).
+// changed says the TAT is to be rewritten (the rate changed).
 func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int64, changed bool) {
 	if sl == t.l && sp == t.p {
 		if tat >= now {
@@ -117,9 +118,9 @@ func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int6
 				di, df = ui, uf
 			}
 		}
-	}
-	if di > ti || (di == ti && df > tf) {
-		di, df, changed = ti, tf, true
+		if di > ti || (di == ti && df > tf) {
+			di, df = ti, tf
+		}
 	}
 	return di, df, changed
 }
@@ -128,8 +129,8 @@ func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int6
 // new - now <= tau, then store new. The state is a = TAT in whole µs,
 // b = its fraction in units of 1/L µs, c and d = the limit and period it was
 // written under; the key expires when the TAT passes. A TAT written under
-// other numbers, or beyond the tolerance, is converted or capped (backlog)
-// and rewritten by the first decision that costs something.
+// another rate is converted and capped (backlog) and rewritten by the first
+// decision that costs something; under another burst it stands as it is.
 func gcra(st *state, now int64, c *limits.Check, _ bool) outcome {
 	t := newInterval(c.Limit, c.PeriodUS)
 	ti, tf := t.times(c.Burst)

@@ -81,8 +81,9 @@ func (t interval) level(tokens, ts, now, capacity int64) (have, ri, rf int64) {
 // tokens_now >= c, then take c. The state is a = ts (µs), b = the whole
 // tokens at ts, c, d, e = the limit, period and burst it was written under;
 // the key expires when the bucket is full again. A bucket written under
-// other numbers keeps what was used (brought up to now at its old rate) and
-// is rewritten by the first decision that costs something.
+// other numbers keeps what was used (brought up to now at its old rate);
+// under another rate it is rewritten by the first decision that costs
+// something, under another burst only by an admission.
 func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 	t := newInterval(c.Limit, c.PeriodUS)
 	// have = whole tokens now; rho = ri + rf/L µs earned towards the next one
@@ -100,16 +101,14 @@ func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 		if sb == 0 {
 			sb = c.Burst
 		}
-		if sl == c.Limit && sp == c.PeriodUS {
+		rate := sl == c.Limit && sp == c.PeriodUS
+		if rate {
 			have, ri, rf = t.level(tokens, st.a, now, sb)
 			if sb != c.Burst {
-				// another burst, the same rate: carry what was used and rho;
-				// more used than the new burst holds is an empty bucket with
-				// nothing earned (gcra's cap)
+				// another burst, the same rate: carry what was used and rho,
+				// even more than the new burst holds (have < 0); nothing is
+				// rewritten until an admission
 				have, rf = have-sb+c.Burst, 0
-				if have < 0 {
-					have, ri = 0, 0
-				}
 				if have >= c.Burst {
 					have, ri = c.Burst, 0
 				}
@@ -138,7 +137,7 @@ func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 				have, ri, rf = c.Burst-m, mi-full, 0
 			}
 		}
-		if c.Cost > 0 && (sl != c.Limit || sp != c.PeriodUS || sb != c.Burst) {
+		if c.Cost > 0 && !rate {
 			*st = state{}
 			if have < c.Burst {
 				full := t.after(c.Burst-have, ri, 0)
@@ -148,13 +147,14 @@ func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 		}
 	}
 	reset := t.after(c.Burst-have, ri, rf)
+	rem := max(have, 0)
 	switch {
 	case c.Cost > c.Burst:
-		return outcome{r: limits.Result{Remaining: have, ResetUS: reset, RetryUS: limits.NeverFits}, normalized: norm}
+		return outcome{r: limits.Result{Remaining: rem, ResetUS: reset, RetryUS: limits.NeverFits}, normalized: norm}
 	case c.Cost == 0:
-		return outcome{r: limits.Result{Allowed: true, Remaining: have, ResetUS: reset}, normalized: norm}
+		return outcome{r: limits.Result{Allowed: true, Remaining: rem, ResetUS: reset}, normalized: norm}
 	case have < c.Cost:
-		return outcome{r: limits.Result{Remaining: have, ResetUS: reset, RetryUS: t.after(c.Cost-have, ri, rf)}, normalized: norm}
+		return outcome{r: limits.Result{Remaining: rem, ResetUS: reset, RetryUS: t.after(c.Cost-have, ri, rf)}, normalized: norm}
 	}
 	left := have - c.Cost
 	// stored state: left tokens at now - ri (rf is the dropped sub-µs part)

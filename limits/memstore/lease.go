@@ -175,7 +175,7 @@ func (s *Store) TakeLease(_ context.Context, t *limits.LeaseTake) (limits.LeaseG
 		g, until, res = s.leaseWindowTake(&c, now, need, want)
 	case limits.TokenBucket:
 		have, ri, rf, iv := s.leaseTBState(&c, now, m.o)
-		res = limits.Result{Remaining: have, ResetUS: iv.after(c.Burst-have, ri, rf)}
+		res = limits.Result{Remaining: max(have, 0), ResetUS: iv.after(c.Burst-have, ri, rf)}
 		switch {
 		case need > c.Burst:
 			res.RetryUS = limits.NeverFits
@@ -274,6 +274,14 @@ func (s *Store) leaseTBState(c *limits.Check, now, o int64) (have, ri, rf int64,
 			h, hri, _ := old.level(max(st.b, 0), st.a, now, max(sb-o, 0))
 			st.b, st.a = h, now-hri
 			s.put(c.Key, st)
+			if sl == c.Limit && sp == c.PeriodUS {
+				// another burst, the same rate: read, not rewritten
+				have, ri = h-sb+c.Burst, hri
+				if capacity := max(c.Burst-o, 0); have >= capacity {
+					have, ri = capacity, 0
+				}
+				return have, ri, 0, t
+			}
 			cc := *c
 			cc.Cost = c.Burst + 1
 			st = s.load(c.Key, now)
@@ -294,6 +302,9 @@ func (s *Store) leaseTBState(c *limits.Check, now, o int64) (have, ri, rf int64,
 
 // leaseTBWrite is ls_tb_write.
 func (s *Store) leaseTBWrite(c *limits.Check, now, have, ri int64, t interval) {
+	if have < 0 {
+		return
+	}
 	if have >= c.Burst {
 		s.put(c.Key, state{})
 		return

@@ -10,6 +10,7 @@ var cases = []struct {
 }{
 	{"RuleChangeCarriesCounts", ruleChangeCarriesCounts},
 	{"PeriodChangeGivesNoFreshQuota", periodChangeGivesNoFreshQuota},
+	{"MixedBurstsHoldTheLooser", mixedBurstsHoldTheLooser},
 	{"FixedWindowTimeline", fixedWindowTimeline},
 	{"FixedWindowTTL", fixedWindowTTL},
 	{"MultiRuleAllOrNothing", multiRuleAllOrNothing},

@@ -257,9 +257,11 @@ var bucketRuleChanges = []struct {
 			admits(d("1s"), 10, 9, d("1m5s"), d("6s")), // from t=W+11s
 			one(0, 1, false, 0, d("5s"), d("1m59s")),   // t=W+11s
 		)},
+		// what was used beyond the smaller burst is waited out, not forgiven
 		{10, d("1m0s"), 5, cat(
-			one(d("1s"), 1, false, 0, d("6s"), d("30s")), // t=W+12s
-			one(d("6s"), 1, true, 0, 0, d("30s")),        // t=W+18s
+			one(d("1s"), 1, false, 0, d("1m34s"), d("1m58s")), // t=W+12s
+			one(d("6s"), 1, false, 0, d("1m28s"), d("1m52s")), // t=W+18s
+			one(d("1m28s"), 1, true, 0, 0, d("30s")),          // t=W+1m46s
 		)},
 	}},
 }
@@ -327,4 +329,44 @@ func cat(parts ...[]Step) []Step {
 		out = append(out, p...)
 	}
 	return out
+}
+
+// mixedBurstsHoldTheLooser is a fleet mid-reload: two instances decide on
+// one key under the same rate with bursts 10 and 1, a client alternating
+// between them every 60 ms for 2 s. The fleet admits no more than the
+// looser rule alone (10, then one a second: 12). The tighter side's
+// denials once wrote their capped backlog, which the looser side read as
+// a nearly empty bucket: 30 of 33.
+func mixedBurstsHoldTheLooser(t *testing.T, s Store) {
+	for _, algo := range []limits.Algorithm{limits.GCRA, limits.TokenBucket} {
+		t.Run(string(algo), func(t *testing.T) {
+			key := "rg:{mixed-burst:" + string(algo) + "}:" + algo.Suffix()
+			loose := limits.Check{Key: key, Algorithm: algo, Limit: 1, PeriodUS: limits.PeriodUS(time.Second), Burst: 10, Cost: 1}
+			tight := loose
+			tight.Burst = 1
+			start := ruleChangeEpoch() + limits.PeriodUS(10*time.Second)
+			admitted, sent := 0, 0
+			for at := int64(0); at <= 2_000_000; at += 60_000 {
+				c := loose
+				if sent%2 == 1 {
+					c = tight
+				}
+				sent++
+				r := DecideOne(t, s.Store, c, start+at)
+				if r.Allowed {
+					admitted++
+					continue
+				}
+				if r.RetryUS <= 0 {
+					t.Fatalf("a denial at +%dms under burst %d without a retry: %+v", at/1000, c.Burst, r)
+				}
+			}
+			if admitted > 12 {
+				t.Fatalf("%d of %d admitted in 2 s under bursts 10 and 1 at 1/s, want at most 12 (the looser alone)", admitted, sent)
+			}
+			if admitted < 11 {
+				t.Fatalf("%d of %d admitted in 2 s, want the looser side's burst and refill (11 or 12)", admitted, sent)
+			}
+		})
+	}
 }

@@ -230,3 +230,9 @@ func SiblingKey(key, suffix string) string {
 // hash tag (the same slot), suffix "lease":
 // "rg:{login:203.0.113.7}:gc2" → "rg:{login:203.0.113.7}:lease".
 func LeaseKey(key string) string { return SiblingKey(key, "lease") }
+
+// ResetStampKey returns the key of the stamp an operator's reset of key
+// leaves beside it (lua/reset.lua): the same hash tag, suffix "reset":
+// "rg:{login:203.0.113.7}:fw2" → "rg:{login:203.0.113.7}:reset".
+// lua/refund.lua names it the same way.
+func ResetStampKey(key string) string { return SiblingKey(key, "reset") }

@@ -28,7 +28,16 @@
 -- already gives nothing back, so a resend (a retry after a lost reply) cannot
 -- return the quota twice. A refund only ever gives back what the request
 -- still holds (see each <algo>_refund): a late or lost refund leaves the
--- limiter stricter than exact, never looser.
+-- limiter stricter than exact, never looser. An operator's reset erased
+-- what a commit made before it held (reset.lua): a key whose reset stamp,
+-- "<prefix>:{tag}:reset" beside it, is at or after the commit's time gets
+-- nothing back. The stamp is read without being named in KEYS: it exists
+-- only for a while after a reset, and a named missing key would make a
+-- slot being migrated refuse the whole refund (TRYAGAIN). Unnamed, a
+-- stamp missing from a slot being migrated is an error, taken as no reset:
+-- refunds keep working during a resharding, and only a reset whose stamp
+-- has already moved to the new node while the record has not can be
+-- missed (the abandoned units of that one key, once).
 
 local algorithms = {ALGORITHM_TABLE}
 local refunds = {REFUND_TABLE}
@@ -55,8 +64,18 @@ for i = 1, n do
   local limit, period, burst, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   if fresh and cost > 0 then
-    refund(KEYS[i], now, limit, period, burst, cost,
-      tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]))
+    -- the key's reset stamp, as limits.ResetStampKey names it (its hash
+    -- tag, then ":reset"); a value that is not a time counts as a reset
+    -- at or after the commit, an error as no stamp (above)
+    local key, at = KEYS[i], tonumber(ARGV[b + 5])
+    local o = string.find(key, '{', 1, true)
+    local c = o and string.find(key, '}', o + 1, true)
+    local stamp = '{' .. key .. '}:reset'
+    if c and c > o + 1 then stamp = string.sub(key, 1, c) .. ':reset' end
+    local v = redis.pcall('GET', stamp)
+    if type(v) ~= 'string' or (tonumber(v) or at) < at then
+      refund(key, now, limit, period, burst, cost, at, tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]))
+    end
   end
   local a, rem, reset, retry = algo(KEYS[i], now, limit, period, burst, 0)
   local o = 2 + (i - 1) * 4

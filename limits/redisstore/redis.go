@@ -728,9 +728,20 @@ func (s *Store) PeekAt(ctx context.Context, c limits.Check, nowUS int64) (limits
 	return r[0], nil
 }
 
+// resetScript deletes a key and stamps the time of the reset beside it
+// (lua/reset.lua), so that no refund of a commit it erased lowers the
+// record rebuilt after it.
+var resetScript = func() *redis.Script {
+	src, err := lua.Source("reset.lua")
+	if err != nil {
+		panic(err)
+	}
+	return redis.NewScript(src)
+}()
+
 // Reset implements Store.
 func (s *Store) Reset(ctx context.Context, c limits.Check) error {
-	if err := s.client.Del(ctx, c.Key).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := resetScript.Run(ctx, s.client, []string{c.Key, limits.ResetStampKey(c.Key)}).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		s.noteError(err)
 		return fmt.Errorf("redis store: reset %q: %w", c.Key, err)
 	}

@@ -27,7 +27,7 @@ func probeInstance(t *testing.T, yaml, addr, prefix string, set func(*config.Con
 	return &dcInstance{app: a, limiter: l, cache: l.DenyCache(), admin: serveOn(t, a.AdminHandler())}
 }
 
-// TestProbeAdminResetThenLateRefundOverAdmits: an admin reset (DELETE
+// TestAdminResetThenLateRefund: an admin reset (DELETE
 // /v1/keys/...) lands between a decision that Redis committed after its
 // caller gave up (redis.timeout) and that decision's late refund. The reset
 // already erased the abandoned commit; the refund then takes the same units
@@ -39,7 +39,7 @@ func probeInstance(t *testing.T, yaml, addr, prefix string, set func(*config.Con
 // gives back what the request still holds ... a late or lost refund leaves
 // the limiter stricter than exact, never looser". operations.md: the reset
 // is the "unban" button, i.e. a fresh quota of the limit, not more.
-func TestProbeAdminResetThenLateRefundOverAdmits(t *testing.T) {
+func TestAdminResetThenLateRefund(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "gcra"} {
 		t.Run(alg, func(t *testing.T) {
 			const limit = 3

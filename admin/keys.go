@@ -197,7 +197,10 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 	v := KeyView{Rule: r.Name, Algorithm: string(r.Algorithm), Limit: ir.Limit, Period: policy.Duration(ir.Period), Burst: ir.Burst,
 		IdentityOverride: ov}
 	if method == "DELETE" {
-		key, announceErr, err := s.limiter.ResetKey(c, r, req)
+		// under the identity's own numbers: a leased reset writes what the
+		// live slices hold in them (in the rule's, an identity with a higher
+		// limit read it back as a full backlog: exhausted by its "unban")
+		key, announceErr, err := s.limiter.ResetKey(c, ir, req)
 		v.Key = key
 		if announceErr != nil {
 			s.log.Warn().Err(announceErr).Str("rule", r.Name).Str("key", key).

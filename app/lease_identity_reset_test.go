@@ -8,15 +8,16 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// TestProbeLeasedResetOfAnOverriddenIdentityDoesNotUnban: an admin reset
+// TestLeasedResetOfAnOverriddenIdentity: an admin reset
 // (DELETE /v1/keys/{rule}) of a leased gcra / token_bucket key whose
 // identity has its own, higher numbers (an identity override). The reset
-// is run with the rule's numbers, not the identity's: lease.lua's reset
-// writes what the live slices hold as a backlog (gcra: live x T) or level
+// ran with the rule's numbers, not the identity's: lease.lua's reset
+// wrote what the live slices hold as a backlog (gcra: live x T) or level
 // (token_bucket: burst - live) in the rule's terms, and the identity's next
-// take converts that record to its own numbers, where the rule's 6 s per
-// unit is 100 of the identity's units: the identity stays exhausted after
-// the "unban".
+// take converted that record to its own numbers, where the rule's 6 s per
+// unit is 100 of the identity's units: the identity stayed exhausted after
+// the "unban" (0 of 100 admitted). The admin API now resets under the
+// identity's numbers.
 //
 // Docs: algorithms.md (Leases, Rule changes) "An admin reset (DELETE
 // /v1/keys/...) of a leased key resets everything but what live slices
@@ -24,7 +25,7 @@ import (
 // resetting instance returns its own"; scaling.md: at most two slices per
 // key, each at most 1/8 of the burst. So after the reset at least
 // 1000 - 2 x 125 = 750 of the identity's 1000 are available.
-func TestProbeLeasedResetOfAnOverriddenIdentityDoesNotUnban(t *testing.T) {
+func TestLeasedResetOfAnOverriddenIdentity(t *testing.T) {
 	for _, sc := range []struct {
 		alg   string
 		lease bool

@@ -464,16 +464,13 @@ func (lt *leaseTable) jobLocked(e *leaseEntry, left int64) *leaseJob {
 		s := &e.slices[i]
 		u := min(left, s.granted)
 		left -= u
-		if u > 0 || e.bucket {
-			// a bucket's spent slice is settled too: the store's cap
-			// holds its units until it hears
-			j.slices = append(j.slices, SliceReturn{ID: s.id, Unspent: u})
-		}
+		// a spent slice is settled too: a bucket's cap holds its units
+		// until the store hears, and a window's record keeps it until
+		// the window ends
+		j.slices = append(j.slices, SliceReturn{ID: s.id, Unspent: u})
 	}
-	if e.bucket {
-		for _, id := range e.settle {
-			j.slices = append(j.slices, SliceReturn{ID: id})
-		}
+	for _, id := range e.settle {
+		j.slices = append(j.slices, SliceReturn{ID: id})
 	}
 	if len(j.slices) == 0 {
 		return nil
@@ -533,14 +530,17 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 				// after this is as good in them (giveBack wants one of
 				// them live); its newest slice is kept until its window
 				// ends, for the units of requests another rule may yet
-				// deny. A bucket's is settled with the next take, and
-				// then no unit of it may come back. Not while a take is
-				// out: its decision may have reserved what avail held
-				// (avail is 0 meanwhile), and puts it back if the store
-				// has nothing to lease, into these slices.
+				// deny. Each is settled with the next take: a window's
+				// record would otherwise keep a field per slice until
+				// the window ends (an hour's window on a busy instance:
+				// some 72,000, every one read by every take). A bucket's
+				// then gives no unit back. Not while a take is out: its
+				// decision may have reserved what avail held (avail is 0
+				// meanwhile), and puts it back if the store has nothing
+				// to lease, into these slices.
 				e.slices = e.slices[1:]
+				e.settle = append(e.settle, s.id)
 				if e.bucket {
-					e.settle = append(e.settle, s.id)
 					bump = true
 				}
 				changed = true

@@ -65,6 +65,8 @@ type Shared interface {
 	Load(ctx context.Context, rule string) (map[string]string, error)
 	// Rules lists the rules some instance published, at most max.
 	Rules(ctx context.Context, max int) ([]string, error)
+	// Remove drops the summaries of the given instances of one rule.
+	Remove(ctx context.Context, rule string, instances []string) error
 }
 
 // Top tracks the identities denied most, per rule. It is safe for
@@ -77,7 +79,18 @@ type Top struct {
 	instance string
 
 	shared Shared // nil: this instance only
+	// pruned is when Publish last removed the summaries of instances
+	// that stopped publishing (unix seconds).
+	pruned atomic.Int64
 }
+
+// topKeep is how long a published summary is kept: its minutes and one more.
+const topKeep = (TopMinutes + 1) * time.Minute
+
+// topPruneEvery is how often an instance removes, while it publishes, the
+// summaries of instances that stopped: the rule's hash lives on as long as
+// any instance publishes, and each restarted instance is a new name.
+const topPruneEvery = time.Minute
 
 // New returns an empty sketch.
 func New() *Top {
@@ -218,11 +231,50 @@ func (t *Top) Publish(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := t.shared.Publish(ctx, rule, t.instance, b, (TopMinutes+1)*time.Minute); err != nil && firstErr == nil {
+		if err := t.shared.Publish(ctx, rule, t.instance, b, topKeep); err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("publish the top-denied summary of rule %q: %w", rule, err)
 		}
 	}
+	if last := t.pruned.Load(); now.Unix()-last >= int64(topPruneEvery/time.Second) && t.pruned.CompareAndSwap(last, now.Unix()) {
+		if err := t.prune(ctx, now); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
 	return firstErr
+}
+
+// prune removes, from the rules this instance publishes, the summaries
+// published last more than topKeep ago (or unreadable): their instances
+// have stopped.
+func (t *Top) prune(ctx context.Context, now time.Time) error {
+	for _, rule := range t.ruleNames() {
+		m, err := t.shared.Load(ctx, rule)
+		if err != nil {
+			return fmt.Errorf("read the top-denied summaries of rule %q: %w", rule, err)
+		}
+		var gone []string
+		for inst, raw := range m {
+			if inst != t.instance && stale(raw, now) {
+				gone = append(gone, inst)
+			}
+		}
+		if len(gone) == 0 {
+			continue
+		}
+		if err := t.shared.Remove(ctx, rule, gone); err != nil {
+			return fmt.Errorf("remove %d stopped instances' top-denied summaries of rule %q: %w", len(gone), rule, err)
+		}
+	}
+	return nil
+}
+
+// stale reports whether a published summary is older than topKeep, or
+// unreadable.
+func stale(raw string, now time.Time) bool {
+	var p struct {
+		At int64 `json:"at"`
+	}
+	return json.Unmarshal([]byte(raw), &p) != nil || now.Unix()-p.At > int64(topKeep/time.Second)
 }
 
 // RunPublisher publishes every TopPublishEvery until ctx ends; failed
@@ -337,7 +389,7 @@ func (t *Top) Query(ctx context.Context, rules []string, minutes, n int) (TopVie
 				continue // our live summary is fresher than what we published
 			}
 			var p published
-			if json.Unmarshal([]byte(raw), &p) != nil {
+			if json.Unmarshal([]byte(raw), &p) != nil || stale(raw, now) {
 				continue
 			}
 			instances[inst] = true

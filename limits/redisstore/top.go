@@ -35,6 +35,11 @@ func (s *Top) Publish(ctx context.Context, rule, instance string, summary []byte
 	return err
 }
 
+// Remove implements top.Shared.
+func (s *Top) Remove(ctx context.Context, rule string, instances []string) error {
+	return s.client.HDel(ctx, s.key(rule), instances...).Err()
+}
+
 // Load implements top.Shared.
 func (s *Top) Load(ctx context.Context, rule string) (map[string]string, error) {
 	return s.client.HGetAll(ctx, s.key(rule)).Result()

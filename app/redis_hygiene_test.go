@@ -21,10 +21,10 @@ import (
 	"github.com/rategate/rategate/internal/testredis"
 )
 
-// probeHygieneYAML is a policy using every algorithm, costs, leases, an
+// hygieneYAML is a policy using every algorithm, costs, leases, an
 // adaptive rule, several rules per request; longest period 2s (overrides
 // below lengthen one to 3s).
-func probeHygieneYAML(addr, prefix, signal string, gcPeriod string, slLimit int, extra string) string {
+func hygieneYAML(addr, prefix, signal string, gcPeriod string, slLimit int, extra string) string {
 	return fmt.Sprintf(`redis:
   url: redis://%s/0
   key_prefix: %s
@@ -110,7 +110,7 @@ type keyTTL struct {
 	ttl time.Duration // -1: none
 }
 
-func probeScan(t *testing.T, srv *testredis.Server, prefix string) []keyTTL {
+func scanKeys(t *testing.T, srv *testredis.Server, prefix string) []keyTTL {
 	t.Helper()
 	c := srv.Client(t)
 	ctx := context.Background()
@@ -131,14 +131,14 @@ func probeScan(t *testing.T, srv *testredis.Server, prefix string) []keyTTL {
 	return out
 }
 
-// TestProbeRedisHygiene drives a randomized workload through a real
+// TestRedisHygiene drives a randomized workload through a real
 // App on a real Redis (every algorithm, costs, multi-rule requests denied
 // by a later rule, leases, an adaptive rule, rule and identity overrides
 // with TTLs, admin resets, reloads that change numbers and remove a rule)
 // and then checks every key it left: none without a TTL but the few
 // documented as such, none with a TTL beyond its record's end, and none
 // left once the workload has stopped for longer than its longest period.
-func TestProbeRedisHygiene(t *testing.T) {
+func TestRedisHygiene(t *testing.T) {
 	srv := testredis.Start(t)
 	prefix := fmt.Sprintf("hy%d", time.Now().UnixNano()%1_000_000_000)
 	var load atomic.Int64
@@ -160,7 +160,7 @@ func TestProbeRedisHygiene(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(probeHygieneYAML(srv.Addr, prefix, sig.URL, "1s", 6, extra))
+	write(hygieneYAML(srv.Addr, prefix, sig.URL, "1s", 6, extra))
 	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
@@ -254,7 +254,7 @@ func TestProbeRedisHygiene(t *testing.T) {
 			s.api("PUT", "/v1/rules/lgc/override", `{"burst":4,"ttl":"800ms"}`, 200, nil)
 		case 3:
 			// reload: gc's period 1s -> 2s, sl's limit 6 -> 3, rule "gone" removed
-			write(probeHygieneYAML(srv.Addr, prefix, sig.URL, "2s", 3, ""))
+			write(hygieneYAML(srv.Addr, prefix, sig.URL, "2s", 3, ""))
 			if _, err := a.Reload("test"); err != nil {
 				t.Fatal(err)
 			}
@@ -263,7 +263,7 @@ func TestProbeRedisHygiene(t *testing.T) {
 			}
 			s.api("PUT", "/v1/rules/sw/identities?user=u2&route=/a", `{"exempt":true,"ttl":"700ms"}`, 200, nil)
 		case 4:
-			write(probeHygieneYAML(srv.Addr, prefix, sig.URL, "1s", 6, extra))
+			write(hygieneYAML(srv.Addr, prefix, sig.URL, "1s", 6, extra))
 			if _, err := a.Reload("test"); err != nil {
 				t.Fatal(err)
 			}
@@ -287,7 +287,7 @@ func TestProbeRedisHygiene(t *testing.T) {
 	// longest period (3s) and a little, except the top summaries (6 min,
 	// docs/operations.md).
 	var problems []string
-	for _, k := range probeScan(t, srv, prefix) {
+	for _, k := range scanKeys(t, srv, prefix) {
 		switch {
 		case persistent(k.key):
 		case strings.Contains(k.key, ":top:"):
@@ -296,6 +296,11 @@ func TestProbeRedisHygiene(t *testing.T) {
 			}
 		case k.ttl < 0:
 			problems = append(problems, fmt.Sprintf("%s (%s) has no TTL", k.key, k.typ))
+		case strings.HasSuffix(k.key, ":reset"):
+			// a reset's stamp: the record's life at the reset and a second
+			if k.ttl > 7500*time.Millisecond {
+				problems = append(problems, fmt.Sprintf("%s (%s) PTTL %v, beyond 2 x the longest period and a second", k.key, k.typ, k.ttl))
+			}
 		case k.ttl > 6500*time.Millisecond:
 			problems = append(problems, fmt.Sprintf("%s (%s) PTTL %v, beyond 2 x the longest period", k.key, k.typ, k.ttl))
 		}
@@ -305,7 +310,7 @@ func TestProbeRedisHygiene(t *testing.T) {
 	closeApp()
 	time.Sleep(8 * time.Second)
 	var left []string
-	for _, k := range probeScan(t, srv, prefix) {
+	for _, k := range scanKeys(t, srv, prefix) {
 		if persistent(k.key) || strings.Contains(k.key, ":top:") {
 			t.Logf("kept (documented): %s (%s) PTTL %v", k.key, k.typ, k.ttl)
 			continue

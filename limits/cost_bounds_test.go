@@ -11,13 +11,13 @@ import (
 	"github.com/rategate/rategate/limits/redisstore"
 )
 
-// TestProbeCostBoundsNeverFail: a client sets the cost (cost header, up to
+// TestCostBoundsNeverFail: a client sets the cost (cost header, up to
 // max_cost 1e6): no cost at a boundary (the limit, the burst, one more, the
 // largest the header allows) makes any algorithm's script fail, leased or
 // not, alone or with other rules, at the extremes of the numbers the
 // config allows. A failure would be answered by failure_mode (allow: a
 // bypass).
-func TestProbeCostBoundsNeverFail(t *testing.T) {
+func TestCostBoundsNeverFail(t *testing.T) {
 	srv := testredis.Start(t)
 	rs, err := redisstore.New(srv.Client(t), "redis "+srv.Addr)
 	if err != nil {

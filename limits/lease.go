@@ -676,6 +676,10 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 		e.stats.takeDenied.Add(1)
 		retry := g.Result.RetryUS
 		e.exNeed, e.exResult = ask, g.Result
+		// The store's retry and reset count from when it decided, which
+		// is after now by up to the round trip: counted from the reply,
+		// a local denial's Retry-After is never short.
+		at := lt.clock(nowUS)
 		switch {
 		case retry == NeverFits:
 			e.exRetryAt, e.exUntil = math.MaxInt64, now+PeriodUS(lt.opt.Recheck)
@@ -684,12 +688,12 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 			if nowUS == 0 {
 				hold -= retry >> driftShift
 			}
-			e.exRetryAt, e.exUntil = now+retry, now+min(hold, PeriodUS(lt.opt.Recheck))
+			e.exRetryAt, e.exUntil = at+retry, now+min(hold, PeriodUS(lt.opt.Recheck))
 		default:
 			e.exRetryAt, e.exUntil = now, now
 		}
 		e.storeRem.Store(g.Result.Remaining)
-		e.resetAt.Store(now + g.Result.ResetUS)
+		e.resetAt.Store(at + g.Result.ResetUS)
 		return g, false, false, nil
 	}
 	e.stats.takes.Add(1)

@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // TestLeaseLocalDenialRetryForLargerCost: a leased token_bucket (1 a
@@ -60,5 +64,60 @@ func TestLeaseLocalDenialRetryForLargerCost(t *testing.T) {
 					algo, float64(l5)/1e6, float64(u5)/1e6)
 			}
 		})
+	}
+}
+
+// TestLeaseLocalDenialRetryNotShort: the store's retry counts from when
+// Redis decided; a leased rule's local denials counted it from before the
+// take was sent, so with 30 ms from rategate to Redis every Retry-After
+// the instance gave itself ended 30 ms before the window did (a client
+// that waited it out was denied again). A fixed window of 10 s on a real
+// Redis behind a proxy that holds each request 30 ms: the local denial's
+// retry reaches the window's end.
+func TestLeaseLocalDenialRetryNotShort(t *testing.T) {
+	srv := testredis.Start(t)
+	px := testredis.StartProxy(t, srv.Addr)
+	client := redis.NewClient(&redis.Options{Addr: px.Addr})
+	t.Cleanup(func() { client.Close() })
+	rs, err := redisstore.New(client, "redis "+px.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	ctx := context.Background()
+	const period = 10 * time.Second
+	p := limits.PeriodUS(period)
+	// not within 2 s of a window's end: the test stays in one window
+	if left := p - time.Now().UnixMicro()%p; left < 2_000_000 {
+		time.Sleep(time.Duration(left+10_000) * time.Microsecond)
+	}
+	r := leasedRule("global", limits.FixedWindow, 20, period)
+	l := limits.New(limits.Options{Store: rs, Prefix: fmt.Sprintf("lrs%d", time.Now().UnixNano()%1_000_000), Rules: []*limits.Rule{r}, Leaser: rs,
+		Lease: limits.LeaseOptions{SyncPrefetch: true}})
+	l.NoDenyCache()
+	px.DelayRequests(30 * time.Millisecond)
+	var d limits.Decision
+	admitted := 0
+	for i := 0; i < 40 && admitted < 20; i++ {
+		if err := l.Decide(ctx, &limits.Request{Cost: 1}, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Admitted {
+			admitted++
+		}
+	}
+	if admitted != 20 {
+		t.Fatalf("%d of the limit of 20 admitted", admitted)
+	}
+	// the store's denial, then the instance's own
+	for i := 0; i < 3; i++ {
+		if err := l.Decide(ctx, &limits.Request{Cost: 1}, &d); err != nil || d.Admitted {
+			t.Fatalf("request %d past the limit: %v, admitted %v", i, err, d.Admitted)
+		}
+		at := time.Now().UnixMicro()
+		end := (at/p + 1) * p
+		if got := at + d.Verdicts[0].Result.RetryUS; got < end-1000 {
+			t.Fatalf("denial %d: Retry-After ends %.1f ms before the window does", i, float64(end-got)/1000)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package testredis
 
 import (
-	"io"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -23,6 +22,7 @@ type Proxy struct {
 
 	dropPerMille atomic.Int64
 	delay        atomic.Int64 // ns each read from Redis is held before it is passed on
+	reqDelay     atomic.Int64 // ns each read from the client is held before it is passed on
 	dropped      atomic.Int64
 	forwarded    atomic.Int64
 
@@ -64,6 +64,13 @@ func (p *Proxy) DropReplies(probability float64) {
 // come late.
 func (p *Proxy) DelayReplies(d time.Duration) {
 	p.delay.Store(int64(d))
+}
+
+// DelayRequests makes the proxy hold each read from the client for d
+// before passing it on to Redis (0 turns it off): commands run late, in
+// Redis's time, and their replies come straight back.
+func (p *Proxy) DelayRequests(d time.Duration) {
+	p.reqDelay.Store(int64(d))
 }
 
 // Dropped returns how many reads from Redis were dropped (and their
@@ -109,9 +116,23 @@ func (p *Proxy) accept() {
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			_, _ = io.Copy(server, client)
-			server.Close()
-			client.Close()
+			defer server.Close()
+			defer client.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					if d := p.reqDelay.Load(); d > 0 {
+						time.Sleep(time.Duration(d))
+					}
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
 		}()
 		go func() {
 			defer p.wg.Done()

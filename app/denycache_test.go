@@ -147,20 +147,7 @@ func TestDenyCacheForgetsALateRefund(t *testing.T) {
 	a := newDCInstanceAt(t, px.Addr, prefix)
 	b := newDCInstance(t, srv, prefix)
 	const ip = "192.0.2.9"
-	// A's connections open first: a new one's handshake would hold the
-	// decision back past its caller's deadline, and it would not be sent.
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var d limits.Decision
-			if err := a.limiter.Decide(context.Background(), &limits.Request{IP: fmt.Appendf(nil, "198.51.100.%d", i)}, &d); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
+	openConnections(t, a.limiter)
 	px.DelayReplies(400 * time.Millisecond)
 	// (the handler gives each decision its redis.timeout; here the
 	// test does)
@@ -425,4 +412,24 @@ func TestCachedDenialListsEveryRule(t *testing.T) {
 	if !strings.Contains(rl, `"per-ip";r=0`) || !strings.Contains(rl, `"global";r=`) {
 		t.Errorf("cached denial RateLimit %q, want both rules", rl)
 	}
+}
+
+// openConnections has l decide for 8 other clients at once, so that its
+// Redis connections are open before a test delays Redis: a new
+// connection's handshake would hold a decision back past its caller's
+// deadline, and it would not be sent.
+func openConnections(t *testing.T, l *limits.Limiter) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d limits.Decision
+			if err := l.Decide(context.Background(), &limits.Request{IP: fmt.Appendf(nil, "198.51.100.%d", i)}, &d); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
 }

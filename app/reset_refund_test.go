@@ -12,9 +12,9 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
-// probeInstance is one rategate instance (wired by New) over the Redis at
+// prefixedInstance is one rategate instance (wired by New) over the Redis at
 // addr, with the given rules and key prefix.
-func probeInstance(t *testing.T, yaml, addr, prefix string, set func(*config.Config)) *dcInstance {
+func prefixedInstance(t *testing.T, yaml, addr, prefix string, set func(*config.Config)) *dcInstance {
 	t.Helper()
 	a := redisApp(t, yaml, func(cfg *config.Config) {
 		cfg.Redis.URL = "redis://" + addr + "/0"
@@ -58,27 +58,17 @@ func TestAdminResetThenLateRefund(t *testing.T) {
 			px := testredis.StartProxy(t, srv.Addr)
 			prefix := uniquePrefix(t)
 			// A may have a pipeline in flight per abandoned decision.
-			a := probeInstance(t, yaml, px.Addr, prefix, func(cfg *config.Config) { cfg.Redis.Coalesce.Pipelines = 16 })
-			b := probeInstance(t, yaml, srv.Addr, prefix, nil)
+			a := prefixedInstance(t, yaml, px.Addr, prefix, func(cfg *config.Config) { cfg.Redis.Coalesce.Pipelines = 16 })
+			b := prefixedInstance(t, yaml, srv.Addr, prefix, nil)
 			const ip = "192.0.2.77"
 
-			// Open A's connections first (as TestDenyCacheForgetsALateRefund
-			// does): a fresh handshake would hold the decisions back.
-			var wg sync.WaitGroup
-			for i := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var d limits.Decision
-					_ = a.limiter.Decide(context.Background(), &limits.Request{IP: fmt.Appendf(nil, "198.51.100.%d", i)}, &d)
-				}()
-			}
-			wg.Wait()
+			openConnections(t, a.limiter)
 
 			// A's replies come 700 ms late; its callers give up after 100 ms.
 			// Redis runs (and commits) the decisions at once.
 			px.DelayReplies(700 * time.Millisecond)
 			start := time.Now()
+			var wg sync.WaitGroup
 			for range limit {
 				wg.Add(1)
 				go func() {

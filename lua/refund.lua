@@ -32,12 +32,14 @@
 -- what a commit made before it held (reset.lua): a key whose reset stamp,
 -- "<prefix>:{tag}:reset" beside it, is at or after the commit's time gets
 -- nothing back. The stamp is read without being named in KEYS: it exists
--- only for a while after a reset, and a named missing key would make a
--- slot being migrated refuse the whole refund (TRYAGAIN). Unnamed, a
--- stamp missing from a slot being migrated is an error, taken as no reset:
--- refunds keep working during a resharding, and only a reset whose stamp
--- has already moved to the new node while the record has not can be
--- missed (the abandoned units of that one key, once).
+-- only for a while after a reset, and a named missing key makes a slot
+-- being migrated refuse the script (TRYAGAIN), which is why a refund there
+-- is resent without its marker (cluster.go, unmark). Unnamed, a stamp
+-- missing from a slot being migrated is an error, taken as no reset: such
+-- refunds still run, and only a reset whose stamp has already moved to
+-- the new node while the record has not (or that was made during the
+-- migration, without a stamp: reset.lua) can be missed, for the
+-- abandoned units of that one key.
 
 local algorithms = {ALGORITHM_TABLE}
 local refunds = {REFUND_TABLE}

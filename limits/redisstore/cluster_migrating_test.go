@@ -124,3 +124,36 @@ func TestClusterRefundInAMigratingSlot(t *testing.T) {
 			res2[0], rs.Refunds())
 	}
 }
+
+// TestClusterResetInAMigratingSlot: an admin reset (Store.Reset) of a
+// live key whose slot is being migrated. reset.lua named two keys, the
+// record and its reset stamp, which does not exist before the reset: a
+// script with one key present on the source and one missing is refused
+// with TRYAGAIN on both sides for as long as the migration lasts, and the
+// operator's unban failed with a 503 until then (the review's test). The
+// stamp is no longer named; the reset deletes the key, and alice is
+// admitted again.
+func TestClusterResetInAMigratingSlot(t *testing.T) {
+	c := testredis.StartCluster(t)
+	rs, user, _, decide := migratingChecks(t, c)
+	alice := user("alice")
+	alice.Limit, alice.Burst = 1, 1
+	if a, _, _ := decide(alice); !a {
+		t.Fatal("alice's first request denied")
+	}
+	if a, _, _ := decide(alice); a {
+		t.Fatal("alice's second request admitted")
+	}
+	migrateSlot(t, c, KeySlot(alice.Key))
+	ctx, cancel := context.WithTimeout(testredis.Ctx(t), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := rs.Reset(ctx, limits.Check{Key: alice.Key, Algorithm: alice.Algorithm, Limit: 1, PeriodUS: alice.PeriodUS, Burst: 1})
+	if err != nil {
+		t.Fatalf("admin reset of alice's key while its slot migrates (nothing moved yet) failed after %v: %v; "+
+			"a DEL of the one key succeeded", time.Since(start).Round(time.Millisecond), err)
+	}
+	if a, _, _ := decide(alice); !a {
+		t.Fatal("alice denied after the reset")
+	}
+}

@@ -166,6 +166,10 @@ const (
 	DefaultLeaseTimeout = time.Second
 	// leaseSweepEvery is how often RunLeases sweeps the entries.
 	leaseSweepEvery = 100 * time.Millisecond
+	// leaseSettleAfter: a window's slice spent to the last unit is taken
+	// out of the store's record this long after (settleSpent), when no
+	// request that spent from it is still deciding its other rules.
+	leaseSettleAfter = time.Second
 	// leaseSliceShare: a slice is at most 1/leaseSliceShare of the limit
 	// (windows) or burst (buckets), at least 1.
 	leaseSliceShare = 8
@@ -263,9 +267,13 @@ type leaseEntry struct {
 	resetAt     atomic.Int64
 	prefetching atomic.Bool
 
-	mu       sync.Mutex
-	slices   []heldSlice
+	mu     sync.Mutex
+	slices []heldSlice
+	// settle: the slices to take out of the store's record with the next
+	// take; spent2: a window's slices spent to the last unit, not yet
+	// settled (settleSpent).
 	settle   []string
+	spent2   []spentSlice
 	dead     bool
 	inflight chan struct{}
 	// exhausted: the store had no need units to lease until exUntil
@@ -274,6 +282,12 @@ type leaseEntry struct {
 	exResult                   Result
 	lastGrant, lastTake        int64
 	rate                       float64 // units per µs between the last two takes
+}
+
+// spentSlice is a window slice spent to the last unit at (local µs).
+type spentSlice struct {
+	id string
+	at int64
 }
 
 // heldSlice is one slice this instance holds.
@@ -440,7 +454,7 @@ func (lt *leaseTable) killLocked(e *leaseEntry) *leaseJob {
 	e.until.Store(0)
 	e.epoch.Add(1)
 	j := lt.jobLocked(e, left)
-	e.slices, e.settle = nil, nil
+	e.slices, e.settle, e.spent2 = nil, nil, nil
 	return j
 }
 
@@ -471,6 +485,9 @@ func (lt *leaseTable) jobLocked(e *leaseEntry, left int64) *leaseJob {
 	}
 	for _, id := range e.settle {
 		j.slices = append(j.slices, SliceReturn{ID: id})
+	}
+	for _, sp := range e.spent2 {
+		j.slices = append(j.slices, SliceReturn{ID: sp.id})
 	}
 	if len(j.slices) == 0 {
 		return nil
@@ -525,23 +542,29 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 		}
 		if s.until > now {
 			if e.avail.Load() <= later && e.inflight == nil && (e.bucket || len(e.slices) > 1) {
-				// Spent to the last unit: forgotten. A window's other
-				// slices are of the same window, so a unit given back
-				// after this is as good in them (giveBack wants one of
-				// them live); its newest slice is kept until its window
-				// ends, for the units of requests another rule may yet
-				// deny. Each is settled with the next take: a window's
-				// record would otherwise keep a field per slice until
-				// the window ends (an hour's window on a busy instance:
-				// some 72,000, every one read by every take). A bucket's
-				// then gives no unit back. Not while a take is out: its
+				// Spent to the last unit: forgotten. A bucket's is
+				// settled with the next take, and then no unit of it may
+				// come back (bump). A window's other slices are of the
+				// same window, so a unit given back after this is as
+				// good in them (giveBack wants one of them live); its
+				// newest slice is kept until its window ends, for the
+				// units of requests another rule may yet deny. A
+				// window's is settled once leaseSettleAfter has passed
+				// (settleSpent): its record would otherwise keep a field
+				// per slice until the window ends (an hour's window on a
+				// busy instance: some 72,000, every one read by every
+				// take), and until then an admin reset, which keeps what
+				// the slices in the record hold, still counts it for the
+				// units that may come back. Not while a take is out: its
 				// decision may have reserved what avail held (avail is 0
 				// meanwhile), and puts it back if the store has nothing
 				// to lease, into these slices.
 				e.slices = e.slices[1:]
-				e.settle = append(e.settle, s.id)
 				if e.bucket {
+					e.settle = append(e.settle, s.id)
 					bump = true
+				} else {
+					e.spent2 = append(e.spent2, spentSlice{id: s.id, at: now})
 				}
 				changed = true
 				continue
@@ -561,6 +584,9 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 			e.stats.wasted.Add(unspent)
 		}
 	}
+	if e.settleSpent(now) {
+		bump = true
+	}
 	if bump {
 		e.epoch.Add(1)
 	}
@@ -571,6 +597,20 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 			e.until.Store(0)
 		}
 	}
+}
+
+// settleSpent moves the window slices spent to the last unit at least
+// leaseSettleAfter ago to e.settle, and reports whether it moved any: no
+// unit spent before may come back then (the caller bumps the epoch), as
+// the store stops counting the slice with the next take. e.mu is held.
+func (e *leaseEntry) settleSpent(now int64) bool {
+	n := 0
+	for n < len(e.spent2) && now-e.spent2[n].at >= PeriodUS(leaseSettleAfter) {
+		e.settle = append(e.settle, e.spent2[n].id)
+		n++
+	}
+	e.spent2 = e.spent2[n:]
+	return n > 0
 }
 
 // trySpend spends cost units if the slices allow, without locking. The

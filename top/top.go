@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"strconv"
@@ -89,8 +90,12 @@ const topKeep = (TopMinutes + 1) * time.Minute
 
 // topPruneEvery is how often an instance removes, while it publishes, the
 // summaries of instances that stopped: the rule's hash lives on as long as
-// any instance publishes, and each restarted instance is a new name.
-const topPruneEvery = time.Minute
+// any instance publishes, and each restarted instance is a new name. Each
+// prune reads every instance's summary of every rule, so the fleet's cost
+// grows with the square of its size: once per topKeep, from a random
+// point in the first (New), a stopped instance's summary stays at most
+// twice topKeep.
+const topPruneEvery = topKeep
 
 // New returns an empty sketch.
 func New() *Top {
@@ -101,6 +106,7 @@ func New() *Top {
 	}
 	empty := map[string]*ruleSketch{}
 	t.rules.Store(&empty)
+	t.pruned.Store(time.Now().Unix() - rand.Int64N(int64(topPruneEvery/time.Second)))
 	return t
 }
 

@@ -488,3 +488,37 @@ func TestProbeCRefundAnnouncementReachesEveryClusterNode(t *testing.T) {
 			float64(d.busPubSent)/float64(d.publish), d.busPubSent, d.publish)
 	}
 }
+
+// TestProbeCAnnounceQueueCapacity measures how many announcements a second
+// one instance's publisher takes before its queue of 4,096 overflows into
+// clear-alls (Announce from 4 goroutines at given rates, 1 s each).
+func TestProbeCAnnounceQueueCapacity(t *testing.T) {
+	c := testredis.StartCluster(t)
+	p := newClusterPair(t, c, refundRulesYAML, uniquePrefix(t))
+	for _, rate := range []int{20_000, 100_000, 400_000} {
+		before := p.a.resets.Stats()
+		per := rate / 4 / 100 // per goroutine per 10 ms
+		var wg sync.WaitGroup
+		start := time.Now()
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for tick := range 100 {
+					for i := range per {
+						p.a.resets.Announce(fmt.Sprintf("k%d:%d:%d", g, tick, i))
+					}
+					if d := time.Until(start.Add(time.Duration(tick+1) * 10 * time.Millisecond)); d > 0 {
+						time.Sleep(d)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		el := time.Since(start)
+		time.Sleep(300 * time.Millisecond)
+		st := p.a.resets.Stats()
+		t.Logf("offered %d/s for %v (achieved %.0f/s): sent %d, failed (→ clear-all) %d, clear-alls sent %d",
+			rate, el.Round(time.Millisecond), float64(per*400)/el.Seconds(), st.Sent-before.Sent, st.Failed-before.Failed, st.Clears-before.Clears)
+	}
+}

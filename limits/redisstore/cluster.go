@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -81,6 +82,9 @@ func (s *Store) Refunds() RefundCounts {
 type slotGroup struct {
 	slot int
 	idx  []int // indices into the batch, in batch order
+	// order: how likely the group is to deny, lowest first
+	// (sortByRestriction)
+	order int64
 	// set by decideGroup
 	admitted bool
 	at       int64 // the script's clock, µs
@@ -138,8 +142,10 @@ func (s *Store) decideSlots(ctx context.Context, b *limits.Batch, results []limi
 	// once it admitted. A request it denies then holds nothing elsewhere
 	// (nothing to refund, no unit of a global rule taken from others in
 	// the meantime).
-	sortByRestriction(b.Checks, groups)
+	now := time.Now().UnixNano()
+	sortByRestriction(b.Checks, groups, &s.denied, now)
 	s.decideGroups(ctx, b, groups[:1], results)
+	s.noteDenials(b, groups[:1], results, now)
 	if first := &groups[0]; first.err == nil && !first.admitted {
 		// Denied: the other slots' rules report their own verdict on a
 		// request that is denied anyway, committing nothing.
@@ -149,6 +155,7 @@ func (s *Store) decideSlots(ctx context.Context, b *limits.Batch, results []limi
 		return false, first.err
 	}
 	s.decideGroups(ctx, b, groups[1:], results)
+	s.noteDenials(b, groups[1:], results, now)
 
 	var err error
 	admitted := true
@@ -200,21 +207,72 @@ func (s *Store) decideSlots(ctx context.Context, b *limits.Batch, results []limi
 	return false, nil
 }
 
-// sortByRestriction orders groups by how likely they are to deny: the
-// smallest limit of a non-shadow check first (a per-user rule before a
+// sortByRestriction orders groups by how likely they are to deny: a
+// group with a check this store saw denied lately first (recent), then
+// the smallest limit of a non-shadow check (a per-user rule before a
 // global one), groups of shadow checks only last. The order among equals
-// is the batch's.
-func sortByRestriction(checks []limits.Check, groups []slotGroup) {
-	key := func(g *slotGroup) int64 {
-		k := int64(math.MaxInt64)
+// is the batch's. Without the first rule a flood of fresh identities
+// against an exhausted global rule went the other way round: every
+// per-user slot admitted, the global one denied, and every denial paid a
+// refund and its announcement to the fleet.
+func sortByRestriction(checks []limits.Check, groups []slotGroup, recent *recentDenials, now int64) {
+	for gi := range groups {
+		g := &groups[gi]
+		g.order = int64(math.MaxInt64)
 		for _, i := range g.idx {
 			if c := &checks[i]; !c.Shadow {
-				k = min(k, min(c.Limit, c.Burst))
+				g.order = min(g.order, min(c.Limit, c.Burst))
+				if recent.seen(c.Key, now) {
+					g.order = -1
+					break
+				}
 			}
 		}
-		return k
 	}
-	sort.SliceStable(groups, func(i, j int) bool { return key(&groups[i]) < key(&groups[j]) })
+	sort.SliceStable(groups, func(i, j int) bool { return groups[i].order < groups[j].order })
+}
+
+// recentDenials remembers, by a hash of the key, when a check was last
+// denied through this store, for recentDenialFor: the slot that denied
+// lately is asked first (sortByRestriction). A direct-mapped table of
+// recentDenialSlots: two keys that share a place only make the order a
+// guess again, which it was before; no decision depends on it.
+type recentDenials struct {
+	hash [recentDenialSlots]atomic.Uint64
+	at   [recentDenialSlots]atomic.Int64
+}
+
+const (
+	recentDenialSlots = 4096
+	recentDenialFor   = int64(2 * time.Second)
+)
+
+var recentSeed = maphash.MakeSeed()
+
+func (r *recentDenials) note(key string, now int64) {
+	h := maphash.String(recentSeed, key)
+	i := h % recentDenialSlots
+	r.hash[i].Store(h)
+	r.at[i].Store(now)
+}
+
+func (r *recentDenials) seen(key string, now int64) bool {
+	h := maphash.String(recentSeed, key)
+	i := h % recentDenialSlots
+	return r.hash[i].Load() == h && now-r.at[i].Load() < recentDenialFor
+}
+
+// noteDenials records the non-shadow checks the groups denied.
+func (s *Store) noteDenials(b *limits.Batch, groups []slotGroup, results []limits.Result, now int64) {
+	for gi := range groups {
+		if g := &groups[gi]; g.err == nil && !g.admitted {
+			for _, i := range g.idx {
+				if !results[i].Allowed && !b.Checks[i].Shadow {
+					s.denied.note(b.Checks[i].Key, now)
+				}
+			}
+		}
+	}
 }
 
 // dryGroups reports what the groups' checks say of a request that is

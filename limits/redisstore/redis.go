@@ -83,6 +83,8 @@ type Store struct {
 	// refunded, when set, is told each key a refund gave units back to
 	// (OnRefund).
 	refunded atomic.Pointer[func(ctx context.Context, key string)]
+	// denied: the keys denied lately (a cluster's slot order).
+	denied recentDenials
 }
 
 // OnRefund makes the store call f with each key a refund gave units back

@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"math/big"
 	"reflect"
 	"slices"
 
@@ -225,12 +226,15 @@ func identityChanges(p, n config.Identity) []string {
 	return out
 }
 
-// disagreeingNumbers names the gcra and token_bucket rules whose rate
-// (limit or period) a reload changes, and the sliding_log rules whose limit
-// or period it changes (algorithm and key kept): while some instances still
-// run the old numbers, the two sides read each other's records in their own
-// terms and together admit more than either. A bucket's burst alone is
-// safe to change: both sides read the record as it stands.
+// disagreeingNumbers names the rules a reload changes (algorithm and key
+// kept) such that, while some instances still run the old numbers, the
+// two sides together admit more than either alone: a sliding_log rule
+// whose limit or period changes (the shorter period trims entries the
+// longer one counts), and a gcra or token_bucket rule whose new numbers
+// cross the old ones (a faster rate with a smaller burst, or a slower rate
+// with a larger one: the fleet then admits up to the larger burst at the
+// faster rate). A bucket's other changes hold: both sides read the record
+// in units.
 func disagreeingNumbers(prev, next []*limits.Rule) []string {
 	var out []string
 	for _, n := range next {
@@ -241,9 +245,19 @@ func disagreeingNumbers(prev, next []*limits.Rule) []string {
 			if p.Name != n.Name || p.Algorithm != n.Algorithm || !slices.Equal(p.Key, n.Key) {
 				continue
 			}
-			if p.Limit != n.Limit || p.Period != n.Period {
-				out = append(out, fmt.Sprintf("%s (%s %d/%v burst %d -> %d/%v burst %d)", n.Name, n.Algorithm, p.Limit, p.Period, p.Burst, n.Limit, n.Period, n.Burst))
+			if p.Limit == n.Limit && p.Period == n.Period {
+				continue
 			}
+			if n.Algorithm.UsesBurst() {
+				// rates compared as limit/period, by cross-multiplying
+				nr := new(big.Int).Mul(big.NewInt(n.Limit), big.NewInt(int64(p.Period)))
+				pr := new(big.Int).Mul(big.NewInt(p.Limit), big.NewInt(int64(n.Period)))
+				faster := nr.Cmp(pr)
+				if !(faster > 0 && n.Burst < p.Burst || faster < 0 && n.Burst > p.Burst) {
+					continue
+				}
+			}
+			out = append(out, fmt.Sprintf("%s (%s %d/%v burst %d -> %d/%v burst %d)", n.Name, n.Algorithm, p.Limit, p.Period, p.Burst, n.Limit, n.Period, n.Burst))
 		}
 	}
 	return out

@@ -190,13 +190,13 @@ func reloadWarns(t *testing.T, a *App, write func(string), logs *syncBuffer, msg
 	}
 }
 
-// TestReloadWarnsOfDisagreeingNumbers: a reload that changes the rate of
-// a gcra or token_bucket rule, or the numbers of a sliding_log rule, warns
-// that instances with the old and the new numbers together admit more than
-// either until all run the new file (docs/algorithms.md, "While instances
-// disagree"); the window algorithms and a bucket's burst alone, which hold
-// across such a fleet, do not warn, nor does a reload that changes no
-// number.
+// TestReloadWarnsOfDisagreeingNumbers: a reload that changes the numbers
+// of a sliding_log rule, or crosses a gcra or token_bucket rule's (a
+// faster rate with a smaller burst, or the reverse), warns that instances
+// with the old and the new numbers together admit more than either until
+// all run the new file (docs/algorithms.md, "While instances disagree");
+// the window algorithms and a bucket's other changes, which hold across
+// such a fleet, do not warn, nor does a reload that changes no number.
 func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
 	rule := func(algo string, limit, burst int) string {
 		y := fmt.Sprintf("rules:\n  - name: r\n    key: [user]\n    algorithm: %s\n    limit: %d\n    period: 1h\n", algo, limit)
@@ -214,11 +214,13 @@ func TestReloadWarnsOfDisagreeingNumbers(t *testing.T) {
 		{rule("sliding_window", 4, 0), ""},
 		{rule("gcra", 4, 0), ""}, // a new algorithm: fresh counts, warned of apart
 		{rule("gcra", 4, 0), ""},
-		{rule("gcra", 4, 2), ""}, // the burst alone: both sides read the TAT as it stands
-		{rule("gcra", 5, 2), "r (gcra 4/1h0m0s burst 2 -> 5/1h0m0s burst 2)"},
+		{rule("gcra", 4, 2), ""},                                              // the burst alone: both sides read the TAT as it stands
+		{rule("gcra", 5, 2), ""},                                              // faster, same burst: the loosest is the new rule
+		{rule("gcra", 6, 1), "r (gcra 5/1h0m0s burst 2 -> 6/1h0m0s burst 1)"}, // crossed
 		{rule("token_bucket", 5, 2), ""},
 		{rule("token_bucket", 5, 9), ""},
-		{rule("token_bucket", 6, 9), "r (token_bucket 5/1h0m0s burst 9 -> 6/1h0m0s burst 9)"},
+		{rule("token_bucket", 4, 3), ""}, // slower and smaller
+		{rule("token_bucket", 3, 9), "r (token_bucket 4/1h0m0s burst 3 -> 3/1h0m0s burst 9)"}, // crossed
 		{rule("sliding_log", 5, 0), ""},
 		{rule("sliding_log", 6, 0), "r (sliding_log 5/1h0m0s burst 5 -> 6/1h0m0s burst 6)"},
 	})

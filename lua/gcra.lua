@@ -16,20 +16,20 @@
 -- allow iff new - now <= tau, then store new. The key expires when its TAT passes.
 --
 -- Rule changes (a reload or override changes L, P or B under a live key):
--- under the same rate (L and P) the TAT is read as it stands, whatever B
--- was. A burst that shrank leaves an identity that used more than the new
--- one holds to wait the difference out (as a window count above a lowered
--- limit does), and nothing is rewritten, so instances still on the old
--- burst read the record as before: a fleet mid-reload admits no more than
--- the looser burst alone. Under a new T the backlog d = tat - now can be
--- read two ways: as time (the TAT stays where it is) or as what was used,
--- in units of the old T (rounded up) queued at the new T. Neither may be
--- looser, so the larger one is carried: time when the rate went up, units
--- when it went down, capped at tau (the identity has used its whole burst,
--- no more). The first decision that costs something writes the converted
--- TAT back, so it drains at the new rate from then on (until then the
--- store has not seen the change). With L, P and B unchanged the TAT never
--- exceeds now + tau.
+-- what was used carries over in units (one unit is one request of cost 1,
+-- whatever the rate). Under the same rate (L and P) the TAT is read as it
+-- stands, whatever B was; under another, the backlog d = tat - now is read
+-- in units of the old T, queued at the new T (exact for whole units, the
+-- rest of one rounded up to the µs). Neither is capped at the new burst:
+-- an identity that used more than it holds waits the difference out (as a
+-- window count above a lowered limit does). Under another rate the first
+-- decision that costs something writes the converted TAT back, so it
+-- drains at the new rate from then on; under the same rate nothing is
+-- rewritten until an admission. Both readings are stable, so instances
+-- with different numbers on one key (a rolling reload) read each other's
+-- records without a ratchet, and together admit no more than the loosest
+-- numbers of the two. With L, P and B unchanged the TAT never exceeds
+-- now + tau.
 --
 -- Rounding: none in the decision. T is kept exactly as q + r/L µs (q = floor(P/L),
 -- r = P mod L) and every TAT as whole µs + f/L, so fractional intervals (L=3 per
@@ -40,7 +40,8 @@
 -- Exactness bound: every intermediate is an integer below 2^53 (so a double holds
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
--- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
+-- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside;
+-- a backlog converted from another rate is held within 2^45 µs (gc_backlog).
 -- limits/memstore/algo_gcra.go is the in-memory twin, step for step.
 --
 -- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
@@ -94,32 +95,35 @@ end
 -- over L) a stored TAT t + f/sl written under limit sl and period sp means
 -- under limit L, period P and burst B: as it is when sl and sp are L and P
 -- (even beyond tau: a burst that shrank leaves what was used to wait out),
--- else the larger of d rounded up to a whole µs and d's whole units of the
--- old T, rounded up, at the new T, capped at tau = (ti, tf). changed is
--- true when the stored TAT has to be rewritten (the rate changed).
+-- else d in units of the old T queued at the new T, rounded up to the µs.
+-- changed is true when the stored TAT is to be rewritten (the rate
+-- changed).
 local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
   local di, df = 0, 0
   local changed = false
   if sl == limit and sp == period then
     if t >= now then di, df = t - now, f end
-  else
-    changed = true
-    if t > now or (t == now and f > 0) then
-      local xi = t - now
-      di = xi
-      if f > 0 then di = xi + 1 end
-      local sq = math.floor(sp / sl)
-      local sr = sp - sq * sl
-      local u = gc_count(xi, f, burst, sq, sr, sl, sp)
-      if u < burst then
-        local ui, uf = gc_times(u, sq, sr, sl)
-        if ui < xi or (ui == xi and uf < f) then u = u + 1 end
+  elseif t > now or (t == now and f > 0) then
+    -- another rate: n whole units of the old T and the rest of one,
+    -- queued at the new T (the rest scaled, rounded up to the next µs)
+    local xi = t - now
+    local sq = math.floor(sp / sl)
+    local sr = sp - sq * sl
+    local n = gc_count(xi, f, 1073741823, sq, sr, sl, sp)
+    local ni, nf = gc_times(n, sq, sr, sl)
+    local ri, rf = xi - ni, f - nf
+    if rf < 0 then ri, rf = ri - 1, rf + sl end
+    if n * (period / limit) >= 35184372088832 then
+      -- beyond 2^45 µs (407 days): held there, where the sums stay exact
+      di, df = 35184372088832, 0
+    else
+      di, df = gc_times(n, q, r, limit)
+      if ri > 0 or rf > 0 then
+        di = di + math.ceil((ri + rf / sl) * (period / limit) / (sp / sl))
       end
-      local ui, uf = gc_times(u, q, r, limit)
-      if ui > di or (ui == di and uf > 0) then di, df = ui, uf end
     end
-    if di > ti or (di == ti and df > tf) then di, df = ti, tf end
   end
+  if sl ~= limit or sp ~= period then changed = true end
   return di, df, changed
 end
 

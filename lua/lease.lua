@@ -136,22 +136,17 @@ local function ls_tb_state(key, now, limit, period, burst, o)
         tokens, ts = nil, nil
       else
         -- written under other numbers: capped under those first, then
-        -- converted as token_bucket converts it (a cost above the burst
-        -- decides nothing); under another burst at the same rate, read as
-        -- token_bucket reads it and not rewritten (have may be below 0)
+        -- read as token_bucket reads it (have may be below 0); the take
+        -- writes it in the new terms (ls_tb_write)
         local c = sb - o
         if c < 0 then c = 0 end
         local h, hri = tb_level(tokens, ts, now, c, sq, sr, sl, sp)
         token_bucket_store(key, h, now - hri, sl, sp, sb, nil)
-        if sl == limit and sp == period then
-          local have, ri = h - sb + burst, hri
-          c = burst - o
-          if c < 0 then c = 0 end
-          if have >= c then have, ri = c, 0 end
-          return have, ri, 0, q, r
-        end
-        token_bucket(key, now, limit, period, burst, burst + 1)
-        tokens, ts = token_bucket_load(key)
+        local have, ri = tb_convert(h, now - hri, sl, sp, sb, now, limit, period, burst, q, r)
+        c = burst - o
+        if c < 0 then c = 0 end
+        if have >= c then have, ri = c, 0 end
+        return have, ri, 0, q, r
       end
     end
   end
@@ -162,10 +157,7 @@ local function ls_tb_state(key, now, limit, period, burst, o)
   return have, ri, rf, q, r
 end
 
--- ls_tb_write writes the level, or leaves a record read under another
--- burst as it stands while it holds less than nothing (ls_tb_state).
 local function ls_tb_write(key, now, limit, period, burst, have, ri, q, r)
-  if have < 0 then return end
   if have >= burst then
     redis.call('DEL', key)
     return
@@ -189,7 +181,8 @@ local function ls_gc_state(key, now, limit, period, burst, o)
       t = nil
     elseif sl ~= limit or sp ~= period then
       -- written under other numbers: capped under those, then converted
-      -- by gcra (a cost above the burst decides nothing)
+      -- by gcra (a cost above the burst decides nothing), which writes it
+      -- in the new terms when they can hold it
       local sq = math.floor(sp / sl)
       local sr = sp - sq * sl
       local oi, of = gc_times(o, sq, sr, sl)
@@ -197,12 +190,14 @@ local function ls_gc_state(key, now, limit, period, burst, o)
         gcra_store(key, now + oi, of, sl, sp, nil)
       end
       gcra(key, now, limit, period, burst, burst + 1)
-      t, f = gcra_load(key)
+      t, f, sl, sp = gcra_load(key)
     end
   end
   local di, df = 0, 0
   if t then
-    di, df = gc_backlog(t, f, limit, period, now, q, r, limit, period, burst, ti, tf)
+    -- (still under the old numbers when beyond the tolerance: gcra leaves
+    -- such a backlog as written)
+    di, df = gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
   end
   local oi, of = gc_times(o, q, r, limit)
   if di < oi or (di == oi and df < of) then di, df = oi, of end

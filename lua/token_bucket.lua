@@ -14,19 +14,18 @@
 --
 -- Rule changes (a reload or override changes L, P or B under a live key):
 -- the level is brought up to now at the rate it was written under, and what
--- was used, old B - tokens_now, is taken from the new B (a larger burst adds
--- its difference; a smaller one removes it, even below 0: an identity that
--- used more than the new burst holds refills the difference first, as gcra
--- waits out a backlog beyond tau). Under the same rate nothing is rewritten
--- until an admission, so instances still on the old burst read the record
--- as before (a fleet mid-reload admits no more than the looser burst alone).
--- Under another rate the bucket may hold no more than the time it still
--- needed to be full allows at the new rate either (rounded against the
--- client), never below 0, and the part of a token already earned is
--- dropped: the stricter of the two readings is carried, as gcra does, and
--- the two stay equivalent across changes. The first decision that costs
--- something writes the converted bucket back, so it refills at the new rate
--- from then on (until then the store has not seen the change).
+-- was used, old B - tokens_now, is taken from the new B, in tokens whatever
+-- the rates (tb_convert): a larger burst adds its difference, a smaller
+-- one removes it, even below 0 (an identity that used more than the new
+-- burst holds refills the difference first, as gcra waits out a backlog
+-- beyond tau); the part of a token already earned is scaled to the new
+-- rate, rounded down. The first decision that costs something under
+-- another rate writes the bucket back in the new terms (below empty too:
+-- the record then holds fewer than 0 tokens), so it refills at the new
+-- rate from then on. Under the same rate nothing is rewritten until an
+-- admission. So instances with different numbers on one key (a rolling
+-- reload) read each other's records alike, without a ratchet, and gcra and
+-- token_bucket stay equivalent across changes.
 --
 -- Rounding: a token's refill time T = P/L is kept exactly as q + r/L µs, so the
 -- refill is counted exactly: tokens_now = tokens + k (k whole tokens earned) plus
@@ -42,7 +41,9 @@
 -- Exactness bound: every intermediate is an integer below 2^53 (so a double holds
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
--- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside.
+-- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside;
+-- a debt converted from another rate is held within 2^45 µs of refill and
+-- 2^30 tokens (tb_convert).
 -- limits/memstore/algo_token_bucket.go is the in-memory twin, step for step.
 --
 -- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
@@ -108,8 +109,43 @@ local function tb_level(tokens, ts, now, cap, q, r, limit, period)
   return tokens + k, e - ki, 0
 end
 
--- token_bucket_load returns the record at key: its whole tokens (never
--- below 0), the time they refer to, and the limit, period and burst it was
+-- tb_convert returns the level of a record of tokens at ts, written
+-- under limit sl, period sp and burst sb, at now under limit L, period P
+-- and burst B (T = q + r/L): whole tokens, below 0 when more was used
+-- than B holds, and rho = ri + rf/L µs earned towards the next one. What
+-- was used, sb - tokens_now, is carried in tokens (a token is a token
+-- whatever the rate); under another rate, rho is scaled to the new T,
+-- rounded down to the µs (rf is then 0).
+local function tb_convert(tokens, ts, sl, sp, sb, now, limit, period, burst, q, r)
+  if sl == limit and sp == period then
+    local have, ri, rf = tb_level(tokens, ts, now, sb, q, r, limit, period)
+    if sb == burst then return have, ri, rf end
+    -- the sub-µs part of rho is dropped, as an admission would
+    have = have - sb + burst
+    if have >= burst then return burst, 0, 0 end
+    return have, ri, 0
+  end
+  local sq = math.floor(sp / sl)
+  local sr = sp - sq * sl
+  local h, hri, hrf = tb_level(tokens, ts, now, sb, sq, sr, sl, sp)
+  local have = h - sb + burst
+  if have >= burst then return burst, 0, 0 end
+  -- a debt is held within 2^45 µs of refill and 2^30 tokens, where the
+  -- sums stay exact
+  local most = tb_count(35184372088832, 1073741823, q, r, limit, period)
+  if burst - have > most then have = burst - most end
+  local ri = 0
+  if hri > 0 or hrf > 0 then
+    local whole = tb_times(1, q, r, limit)
+    ri = math.floor((hri + hrf / sl) * (period / limit) / (sp / sl))
+    if ri >= whole then ri = whole - 1 end
+    if ri < 0 then ri = 0 end
+  end
+  return have, ri, 0
+end
+
+-- token_bucket_load returns the record at key: its whole tokens (below 0
+-- for a debt), the time they refer to, and the limit, period and burst it was
 -- written under; nothing when there is none. io, when given, holds the
 -- key (records.lua). (lease.lua reads and writes records through
 -- token_bucket_load and token_bucket_store.)
@@ -123,9 +159,8 @@ local function token_bucket_load(key, io)
   if not v then return nil end
   if #v ~= 40 then error('rategate: ' .. key .. ' does not hold a token_bucket record') end
   local tokens, ts, l, p, b = struct.unpack('<ddddd', v)
-  tokens = math.floor(tokens)
-  if tokens < 0 then tokens = 0 end
-  return tokens, ts, l, p, b
+  -- (below 0: a debt, what a burst or rate change left; tb_convert)
+  return math.floor(tokens), ts, l, p, b
 end
 
 -- token_bucket_store writes a record: expiring ttl µs from now (rounded up
@@ -165,41 +200,10 @@ local function token_bucket(key, now, limit, period, burst, cost, solo, io)
   local have, ri, rf = burst, 0, 0
   local tokens, ts, sl, sp, sb = token_bucket_load(key, io)
   if tokens then
-    local rate = sl == limit and sp == period
-    if rate then
-      have, ri, rf = tb_level(tokens, ts, now, sb, q, r, limit, period)
-      if sb ~= burst then
-        -- another burst, the same rate: carry what was used and rho (its
-        -- sub-µs part dropped, as an admission would), even more than the
-        -- new burst holds (have < 0: that much to refill first, as gcra's
-        -- backlog beyond tau); nothing is rewritten until an admission
-        have, rf = have - sb + burst, 0
-        if have >= burst then have, ri = burst, 0 end
-      end
-    else
-      -- another rate: bring the level up to now at the old one; then the
-      -- time it still needed to be full, in tokens of the new rate rounded
-      -- up (m, with rho = m*T - that time earned), or what was used, in
-      -- whole tokens, whichever leaves less
-      local sq = math.floor(sp / sl)
-      local sr = sp - sq * sl
-      local h, hri, hrf = tb_level(tokens, ts, now, sb, sq, sr, sl, sp)
-      local used = sb - h
-      local full = tb_after(used, hri, hrf, sq, sr, sl)
-      local m = tb_count(full, burst, q, r, limit, period)
-      local mi = tb_times(m, q, r, limit)
-      if mi < full then
-        m = m + 1
-        mi = tb_times(m, q, r, limit)
-      end
-      if used >= m or m > burst then
-        have, ri, rf = burst - used, 0, 0
-        if have < 0 or m > burst then have = 0 end
-      else
-        have, ri, rf = burst - m, mi - full, 0
-      end
-    end
-    if not rate and cost > 0 then
+    have, ri, rf = tb_convert(tokens, ts, sl, sp, sb, now, limit, period, burst, q, r)
+    if (sl ~= limit or sp ~= period) and cost > 0 then
+      -- another rate: written back in the new terms, to refill at the new
+      -- rate from now on (below empty too: the record holds a debt)
       if have >= burst then
         token_bucket_store(key, false, 0, limit, period, burst, nil, io)
       else

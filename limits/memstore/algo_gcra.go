@@ -91,46 +91,45 @@ func (t interval) left(ti, tf, di, df, burst int64) int64 {
 // over L, >= 0) that a TAT tat + f/sl written under limit sl and period sp
 // means under t: as it is when sl and sp are t's (even beyond the
 // tolerance: a burst that shrank leaves what was used to wait out), else
-// the larger of d rounded up to a whole µs and d's whole units of the old
-// interval, rounded up, queued at t, capped at the tolerance (ti, tf).
+// d in units of the old interval queued at t, rounded up to the µs.
 // changed says the TAT is to be rewritten (the rate changed).
 func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int64, changed bool) {
 	if sl == t.l && sp == t.p {
 		if tat >= now {
 			di, df = tat-now, f
 		}
+		return di, df, false
+	}
+	if tat < now || (tat == now && f == 0) {
+		return 0, 0, true
+	}
+	xi := tat - now
+	old := newInterval(sl, sp)
+	n := old.count(xi, f, 1<<30-1)
+	ni, nf := old.times(n)
+	ri, rf := xi-ni, f-nf
+	if rf < 0 {
+		ri, rf = ri-1, rf+sl
+	}
+	if float64(float64(n)*float64(float64(t.p)/float64(t.l))) >= 1<<45 {
+		// beyond 2^45 µs (407 days): held there, where the sums stay exact
+		di, df = 1<<45, 0
 	} else {
-		changed = true
-		if tat > now || (tat == now && f > 0) {
-			xi := tat - now
-			di = xi
-			if f > 0 {
-				di = xi + 1
-			}
-			old := newInterval(sl, sp)
-			u := old.count(xi, f, burst)
-			if u < burst {
-				if ui, uf := old.times(u); ui < xi || (ui == xi && uf < f) {
-					u++
-				}
-			}
-			if ui, uf := t.times(u); ui > di || (ui == di && uf > 0) {
-				di, df = ui, uf
-			}
-		}
-		if di > ti || (di == ti && df > tf) {
-			di, df = ti, tf
+		di, df = t.times(n)
+		if ri > 0 || rf > 0 {
+			x := float64(float64(float64(ri)+float64(float64(rf)/float64(sl)))*float64(float64(t.p)/float64(t.l))) / float64(float64(sp)/float64(sl))
+			di += int64(math.Ceil(x))
 		}
 	}
-	return di, df, changed
+	return di, df, true
 }
 
 // gcra: T = P/L, tau = B*T; tat = max(stored, now), new = tat + c*T; allow iff
 // new - now <= tau, then store new. The state is a = TAT in whole µs,
 // b = its fraction in units of 1/L µs, c and d = the limit and period it was
 // written under; the key expires when the TAT passes. A TAT written under
-// another rate is converted and capped (backlog) and rewritten by the first
-// decision that costs something; under another burst it stands as it is.
+// another rate is converted (backlog) and rewritten by the first decision
+// that costs something; under another burst it stands as it is.
 func gcra(st *state, now int64, c *limits.Check, _ bool) outcome {
 	t := newInterval(c.Limit, c.PeriodUS)
 	ti, tf := t.times(c.Burst)

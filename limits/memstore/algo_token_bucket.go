@@ -77,20 +77,54 @@ func (t interval) level(tokens, ts, now, capacity int64) (have, ri, rf int64) {
 	return tokens + k, e - ki, 0
 }
 
+// convert is tb_convert: the level at now, under t and burst, of a bucket
+// of tokens at ts written under limit sl, period sp and burst sb: whole
+// tokens (below 0 when more was used than burst holds) and rho = ri +
+// rf/L µs earned towards the next one; what was used is carried in
+// tokens, and under another rate rho is scaled to t, rounded down.
+func (t interval) convert(tokens, ts, sl, sp, sb, now, burst int64) (have, ri, rf int64) {
+	if sl == t.l && sp == t.p {
+		have, ri, rf = t.level(tokens, ts, now, sb)
+		if sb == burst {
+			return have, ri, rf
+		}
+		if have = have - sb + burst; have >= burst {
+			return burst, 0, 0
+		}
+		return have, ri, 0
+	}
+	old := newInterval(sl, sp)
+	h, hri, hrf := old.level(tokens, ts, now, sb)
+	if have = h - sb + burst; have >= burst {
+		return burst, 0, 0
+	}
+	// a debt is held within 2^45 µs of refill and 2^30 tokens
+	if most := t.refilled(1<<45, 1<<30-1); burst-have > most {
+		have = burst - most
+	}
+	if hri > 0 || hrf > 0 {
+		whole, _ := t.times(1)
+		x := float64(float64(float64(hri)+float64(float64(hrf)/float64(sl)))*float64(float64(t.p)/float64(t.l))) / float64(float64(sp)/float64(sl))
+		ri = min(max(int64(math.Floor(x)), 0), max(whole-1, 0))
+	}
+	return have, ri, 0
+}
+
 // tokenBucket: capacity B refilled at L per P, starting full; allow iff
 // tokens_now >= c, then take c. The state is a = ts (µs), b = the whole
 // tokens at ts, c, d, e = the limit, period and burst it was written under;
 // the key expires when the bucket is full again. A bucket written under
-// other numbers keeps what was used (brought up to now at its old rate);
-// under another rate it is rewritten by the first decision that costs
-// something, under another burst only by an admission.
+// other numbers keeps what was used (brought up to now at its old rate,
+// convert); under another rate it is rewritten by the first decision that
+// costs something unless below empty, under another burst only by an
+// admission.
 func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 	t := newInterval(c.Limit, c.PeriodUS)
 	// have = whole tokens now; rho = ri + rf/L µs earned towards the next one
 	have, ri, rf := c.Burst, int64(0), int64(0)
 	norm := false
 	if st.expireUS > now {
-		tokens := max(st.b, 0)
+		tokens := st.b
 		sl, sp, sb := st.c, st.d, st.e
 		if sl == 0 {
 			sl = c.Limit
@@ -101,43 +135,8 @@ func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 		if sb == 0 {
 			sb = c.Burst
 		}
-		rate := sl == c.Limit && sp == c.PeriodUS
-		if rate {
-			have, ri, rf = t.level(tokens, st.a, now, sb)
-			if sb != c.Burst {
-				// another burst, the same rate: carry what was used and rho,
-				// even more than the new burst holds (have < 0); nothing is
-				// rewritten until an admission
-				have, rf = have-sb+c.Burst, 0
-				if have >= c.Burst {
-					have, ri = c.Burst, 0
-				}
-			}
-		} else {
-			// another rate: bring the level up to now at the old one; then
-			// the time it still needed to be full in new tokens rounded up
-			// (m, with rho = m*T - that time earned), or what was used,
-			// whichever leaves less
-			old := newInterval(sl, sp)
-			h, hri, hrf := old.level(tokens, st.a, now, sb)
-			used := sb - h
-			full := old.after(used, hri, hrf)
-			m := t.refilled(full, c.Burst)
-			mi, _ := t.times(m)
-			if mi < full {
-				m++
-				mi, _ = t.times(m)
-			}
-			if used >= m || m > c.Burst {
-				have, ri, rf = c.Burst-used, 0, 0
-				if have < 0 || m > c.Burst {
-					have = 0
-				}
-			} else {
-				have, ri, rf = c.Burst-m, mi-full, 0
-			}
-		}
-		if c.Cost > 0 && !rate {
+		have, ri, rf = t.convert(tokens, st.a, sl, sp, sb, now, c.Burst)
+		if c.Cost > 0 && (sl != c.Limit || sp != c.PeriodUS) {
 			*st = state{}
 			if have < c.Burst {
 				full := t.after(c.Burst-have, ri, 0)

@@ -271,40 +271,28 @@ func (s *Store) leaseTBState(c *limits.Check, now, o int64) (have, ri, rf int64,
 		}
 		if sl != c.Limit || sp != c.PeriodUS || sb != c.Burst {
 			old := newInterval(sl, sp)
-			h, hri, _ := old.level(max(st.b, 0), st.a, now, max(sb-o, 0))
+			h, hri, _ := old.level(st.b, st.a, now, max(sb-o, 0))
 			st.b, st.a = h, now-hri
 			s.put(c.Key, st)
-			if sl == c.Limit && sp == c.PeriodUS {
-				// another burst, the same rate: read, not rewritten
-				have, ri = h-sb+c.Burst, hri
-				if capacity := max(c.Burst-o, 0); have >= capacity {
-					have, ri = capacity, 0
-				}
-				return have, ri, 0, t
+			// read as tokenBucket reads it (below 0 at most); the take
+			// writes it in the new terms (leaseTBWrite)
+			have, ri, _ = t.convert(h, now-hri, sl, sp, sb, now, c.Burst)
+			if capacity := max(c.Burst-o, 0); have >= capacity {
+				have, ri = capacity, 0
 			}
-			cc := *c
-			cc.Cost = c.Burst + 1
-			st = s.load(c.Key, now)
-			if out := tokenBucket(&st, now, &cc, true); out.normalized {
-				s.put(c.Key, st)
-			}
-			st = s.load(c.Key, now)
-			present = st.expireUS > now
+			return have, ri, 0, t
 		}
 	}
 	capacity := max(c.Burst-o, 0)
 	if !present {
 		return capacity, 0, 0, t
 	}
-	have, ri, rf = t.level(max(st.b, 0), st.a, now, capacity)
+	have, ri, rf = t.level(st.b, st.a, now, capacity)
 	return have, ri, rf, t
 }
 
 // leaseTBWrite is ls_tb_write.
 func (s *Store) leaseTBWrite(c *limits.Check, now, have, ri int64, t interval) {
-	if have < 0 {
-		return
-	}
 	if have >= c.Burst {
 		s.put(c.Key, state{})
 		return
@@ -345,7 +333,9 @@ func (s *Store) leaseGCState(c *limits.Check, now, o int64) (di, df int64, t int
 		}
 	}
 	if present {
-		di, df, _ = t.backlog(st.a, st.b, c.Limit, c.PeriodUS, now, c.Burst, ti, tf)
+		// (still under the old numbers when beyond the tolerance: gcra
+		// leaves such a backlog as written)
+		di, df, _ = t.backlog(st.a, st.b, cmp.Or(st.c, c.Limit), cmp.Or(st.d, c.PeriodUS), now, c.Burst, ti, tf)
 	}
 	if oi, of := t.times(o); di < oi || (di == oi && df < of) {
 		di, df = oi, of
@@ -492,7 +482,7 @@ func (s *Store) ReturnLease(_ context.Context, r *limits.LeaseReturn) (int64, er
 	sl, sp, sb := cmp.Or(st.c, c.Limit), cmp.Or(st.d, c.PeriodUS), cmp.Or(st.e, c.Burst)
 	gcraLive := st.expireUS > now && (st.a > now || st.a == now && st.b > 0) // its TAT not passed
 	if c.Algorithm == limits.TokenBucket {
-		if h, _, _ := newInterval(sl, sp).level(max(st.b, 0), st.a, now, sb); st.expireUS > now && h < sb {
+		if h, _, _ := newInterval(sl, sp).level(st.b, st.a, now, sb); st.expireUS > now && h < sb {
 			c.Limit, c.PeriodUS, c.Burst = sl, sp, sb
 		}
 	} else if gcraLive {

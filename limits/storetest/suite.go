@@ -11,6 +11,7 @@ var cases = []struct {
 	{"RuleChangeCarriesCounts", ruleChangeCarriesCounts},
 	{"PeriodChangeGivesNoFreshQuota", periodChangeGivesNoFreshQuota},
 	{"MixedBurstsHoldTheLooser", mixedBurstsHoldTheLooser},
+	{"MixedRatesHoldTheLoosest", mixedRatesHoldTheLoosest},
 	{"FixedWindowTimeline", fixedWindowTimeline},
 	{"FixedWindowTTL", fixedWindowTTL},
 	{"MultiRuleAllOrNothing", multiRuleAllOrNothing},

@@ -211,13 +211,15 @@ var bucketRuleChanges = []struct {
 			admits(0, 10, 9, d("6s"), d("6s")),      // from t=W+10s
 			one(0, 1, false, 0, d("6s"), d("1m0s")), // t=W+10s
 		)},
+		// what was used carries over in units: 9 whole and 5.5 s of the
+		// next 6 s one are 9 of 12 s and 11 s
 		{10, d("2m0s"), 10, cat(
-			one(d("500ms"), 1, false, 0, d("12s"), d("2m0s")), // t=W+10.5s
+			one(d("500ms"), 1, false, 0, d("11s"), d("1m59s")), // t=W+10.5s
 		)},
 		{10, d("5m0s"), 10, cat(
-			one(d("500ms"), 1, false, 0, d("30s"), d("5m0s")), // t=W+11s
-			one(d("1m0s"), 1, true, 1, 0, d("4m30s")),         // t=W+1m11s
-			one(d("3m49s"), 1, true, 7, 0, d("1m11s")),        // t=W+5m0s
+			one(d("500ms"), 1, false, 0, d("26.25s"), d("4m56.25s")), // t=W+11s
+			one(d("1m0s"), 1, true, 1, 0, d("4m26.25s")),             // t=W+1m11s
+			one(d("3m49s"), 1, true, 7, 0, d("1m7.25s")),             // t=W+5m0s
 		)},
 	}},
 	{"shrink", []phase{
@@ -225,27 +227,30 @@ var bucketRuleChanges = []struct {
 			admits(0, 10, 9, d("30s"), d("30s")),     // from t=W+10s
 			one(0, 1, false, 0, d("30s"), d("5m0s")), // t=W+10s
 		)},
+		// 8 of the 10 units are still queued a minute on (30 s each):
+		// 48 s at 6 s each, so 2 are free
 		{10, d("1m0s"), 10, cat(
-			one(d("1m0s"), 1, false, 0, d("6s"), d("1m0s")), // t=W+1m10s
-			one(d("3m50s"), 1, true, 9, 0, d("6s")),         // t=W+5m0s
-			admits(d("30s"), 6, 9, d("6s"), d("6s")),        // from t=W+5m30s
+			one(d("1m0s"), 1, true, 1, 0, d("54s")),  // t=W+1m10s
+			one(d("3m50s"), 1, true, 9, 0, d("6s")),  // t=W+5m0s
+			admits(d("30s"), 6, 9, d("6s"), d("6s")), // from t=W+5m30s
 		)},
 	}},
 	{"limit", []phase{
 		{10, d("1m0s"), 10, cat(
 			admits(0, 6, 9, d("6s"), d("6s")), // from t=W+10s
 		)},
+		// 5 whole units and 5 s of the next 6 s one are 5 of 4 s and
+		// 3.333334 s: 9 more fit under 15
 		{15, d("1m0s"), 15, cat(
-			admits(d("1s"), 6, 5, d("39s"), d("4s")), // from t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
-			one(0, 1, false, 0, d("3s"), d("59s")),   // t=W+11s
+			admits(d("1s"), 9, 8, d("27.333334s"), d("4s")),      // from t=W+11s
+			one(0, 1, false, 0, d("3.333334s"), d("59.333334s")), // t=W+11s
 		)},
+		// 14 whole units and 2.333334 s are 14 of 12 s and 7.000002 s:
+		// more than the burst of 5 holds, waited out
 		{5, d("1m0s"), 5, cat(
-			one(d("1s"), 1, false, 0, d("12s"), d("1m0s")), // t=W+12s
-			one(d("40s"), 1, true, 2, 0, d("32s")),         // t=W+52s
-			one(d("10s"), 1, true, 2, 0, d("34s")),         // t=W+1m2s
+			one(d("1s"), 1, false, 0, d("2m7.000002s"), d("2m55.000002s")),   // t=W+12s
+			one(d("40s"), 1, false, 0, d("1m27.000002s"), d("2m15.000002s")), // t=W+52s
+			one(d("1m27.000002s"), 1, true, 0, 0, d("1m0s")),                 // t=W+2m19.000002s
 		)},
 	}},
 	{"burst", []phase{
@@ -368,5 +373,61 @@ func mixedBurstsHoldTheLooser(t *testing.T, s Store) {
 				t.Fatalf("%d of %d admitted in 2 s, want the looser side's burst and refill (11 or 12)", admitted, sent)
 			}
 		})
+	}
+}
+
+// mixedRatesHoldTheLoosest is a fleet mid-reload with two rates on one
+// key: requests alternate between the two numbers for 2 s. What was used
+// carries over in units both ways, so the fleet admits no more than the
+// loosest numbers of the two (the larger burst, then the faster rate),
+// and a busy key does not stall: reading each other's records by time
+// under a cap, two rates once converted them to the stricter reading
+// round after round (100/s and 110/s with burst 100: 61 admitted in 2 s,
+// none after the first 50 ms), and two bursts and rates together
+// admitted several times either rule.
+func mixedRatesHoldTheLoosest(t *testing.T, s Store) {
+	for _, tc := range []struct {
+		name    string
+		a, b    [3]int64 // limit, period µs, burst
+		every   int64    // µs between requests
+		atLeast int
+	}{
+		{"busy", [3]int64{100, 1_000_000, 100}, [3]int64{110, 1_000_000, 100}, 2_000, 300},
+		{"crossed", [3]int64{10, 1_000_000, 2}, [3]int64{2, 1_000_000, 20}, 20_000, 21},
+		{"periods", [3]int64{5, 1_000_000, 5}, [3]int64{30, 10_000_000, 30}, 10_000, 10},
+	} {
+		for _, algo := range []limits.Algorithm{limits.GCRA, limits.TokenBucket} {
+			t.Run(string(algo)+"/"+tc.name, func(t *testing.T) {
+				key := "rg:{mixed-rate-" + tc.name + ":" + string(algo) + "}:" + algo.Suffix()
+				side := func(n [3]int64) limits.Check {
+					return limits.Check{Key: key, Algorithm: algo, Limit: n[0], PeriodUS: n[1], Burst: n[2], Cost: 1}
+				}
+				a, b := side(tc.a), side(tc.b)
+				start := ruleChangeEpoch() + limits.PeriodUS(10*time.Second)
+				const window = 2_000_000
+				admitted, sent := 0, 0
+				for at := int64(0); at < window; at += tc.every {
+					c := a
+					if sent%2 == 1 {
+						c = b
+					}
+					sent++
+					if DecideOne(t, s.Store, c, start+at).Allowed {
+						admitted++
+					}
+				}
+				// the loosest of both: the larger burst at once, then the
+				// faster rate over the window
+				rate := max(float64(tc.a[0])/float64(tc.a[1]), float64(tc.b[0])/float64(tc.b[1]))
+				bound := int(max(tc.a[2], tc.b[2])) + int(rate*window) + 1
+				t.Logf("%d of %d admitted in 2 s; the loosest numbers of both allow %d", admitted, sent, bound)
+				if admitted > bound {
+					t.Fatalf("%d of %d admitted in 2 s between %v and %v, want at most %d (the larger burst, then the faster rate)", admitted, sent, tc.a, tc.b, bound)
+				}
+				if admitted < tc.atLeast {
+					t.Fatalf("%d of %d admitted in 2 s between %v and %v, want at least %d (what the stricter alone admits)", admitted, sent, tc.a, tc.b, tc.atLeast)
+				}
+			})
+		}
 	}
 }

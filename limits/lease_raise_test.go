@@ -101,46 +101,57 @@ func TestLeaseRaiseWhileSlicesOut(t *testing.T) {
 }
 
 // TestLeaseMixedBursts: a fleet mid-reload, leased. Instance A decides a
-// global bucket rule at 1 per second with burst 10, instance B the same
-// rule with burst 1 (not reloaded yet), a client alternating between them
-// every 60 ms for 2 s. The fleet admits no more than the looser rule alone
-// (10, then one a second: 12, and one more for the sweep's slack).
+// global bucket rule with one set of numbers, instance B with another (not
+// reloaded yet), a client alternating between them every 60 ms for 2 s.
+// The fleet admits no more than the larger burst at the faster rate (and
+// one more for the sweep's slack): for the same rate, the looser rule
+// alone.
 func TestLeaseMixedBursts(t *testing.T) {
 	ctx := context.Background()
 	for _, s := range []lmStore{memoryLMStore(t), redisLMStore(t)} {
 		for _, algo := range []limits.Algorithm{limits.TokenBucket, limits.GCRA} {
-			t.Run(s.name+"/"+string(algo), func(t *testing.T) {
-				loose := leasedRule("global", algo, 1, time.Second)
-				loose.Burst = 10
-				tight := *loose
-				tight.Burst = 1
-				prefix := fmt.Sprintf("pmb%d", time.Now().UnixNano()%1_000_000)
-				mk := func(id string, r *limits.Rule) *limits.Limiter {
-					return limits.New(limits.Options{Store: s.store, Prefix: prefix, Rules: []*limits.Rule{r}, Leaser: s.leaser,
-						Lease: limits.LeaseOptions{SyncPrefetch: true, Instance: id}})
-				}
-				a, b := mk("a", loose), mk("b", &tight)
-				now := time.Now().UnixMicro()
-				admitted, sent := 0, 0
-				var d limits.Decision
-				for at := int64(0); at <= 2_000_000; at += 60_000 {
-					l := a
-					if sent%2 == 1 {
-						l = b
+			for _, tc := range []struct {
+				name string
+				a, b [2]int64 // limit per second, burst
+			}{
+				{"bursts", [2]int64{1, 10}, [2]int64{1, 1}},
+				{"rates", [2]int64{1, 10}, [2]int64{3, 4}},
+			} {
+				t.Run(s.name+"/"+string(algo)+"/"+tc.name, func(t *testing.T) {
+					rule := func(n [2]int64) *limits.Rule {
+						r := leasedRule("global", algo, n[0], time.Second)
+						r.Burst = n[1]
+						return r
 					}
-					sent++
-					if err := l.DecideAt(ctx, &limits.Request{Cost: 1}, &d, now+at); err != nil {
-						t.Fatal(err)
+					prefix := fmt.Sprintf("pmb%d", time.Now().UnixNano()%1_000_000)
+					mk := func(id string, r *limits.Rule) *limits.Limiter {
+						return limits.New(limits.Options{Store: s.store, Prefix: prefix, Rules: []*limits.Rule{r}, Leaser: s.leaser,
+							Lease: limits.LeaseOptions{SyncPrefetch: true, Instance: id}})
 					}
-					if d.Admitted {
-						admitted++
+					a, b := mk("a", rule(tc.a)), mk("b", rule(tc.b))
+					now := time.Now().UnixMicro()
+					admitted, sent := 0, 0
+					var d limits.Decision
+					for at := int64(0); at <= 2_000_000; at += 60_000 {
+						l := a
+						if sent%2 == 1 {
+							l = b
+						}
+						sent++
+						if err := l.DecideAt(ctx, &limits.Request{Cost: 1}, &d, now+at); err != nil {
+							t.Fatal(err)
+						}
+						if d.Admitted {
+							admitted++
+						}
 					}
-				}
-				t.Logf("%d of %d admitted", admitted, sent)
-				if admitted > 13 {
-					t.Fatalf("%d of %d admitted in 2 s under bursts 10 and 1 at 1/s, want at most 13 (the looser alone, 12, and one)", admitted, sent)
-				}
-			})
+					bound := int(max(tc.a[1], tc.b[1])+2*max(tc.a[0], tc.b[0])) + 1
+					t.Logf("%d of %d admitted", admitted, sent)
+					if admitted > bound {
+						t.Fatalf("%d of %d admitted in 2 s between %v and %v, want at most %d (the larger burst at the faster rate, and one)", admitted, sent, tc.a, tc.b, bound)
+					}
+				})
+			}
 		}
 	}
 }

@@ -149,7 +149,10 @@ func TestLocalFallbackWhenRedisIsDown(t *testing.T) {
 	local := memstore.New()
 	defer local.Close()
 	l = limits.New(limits.Options{Store: rs, Prefix: "rg", Rules: []*limits.Rule{rule}, Fallback: local, LocalShare: 2, FailureMode: limits.FailLocal})
-	now := storetest.WindowStart(time.Hour) + 1
+	// the next hour's window: the memory store expires records on the
+	// real clock, and this one's count must outlive the test (it once
+	// crossed the hour, and all 10 were admitted)
+	now := storetest.WindowStart(time.Hour) + limits.PeriodUS(time.Hour) + 1
 	admitted := 0
 	for i := 0; i < 10; i++ {
 		if err := l.DecideAt(context.Background(), req, &d, now); err == nil || d.Undecided {

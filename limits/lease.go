@@ -167,8 +167,8 @@ const (
 	// leaseSweepEvery is how often RunLeases sweeps the entries.
 	leaseSweepEvery = 100 * time.Millisecond
 	// leaseSettleAfter: a window's slice spent to the last unit is taken
-	// out of the store's record this long after (settleSpent), when no
-	// request that spent from it is still deciding its other rules.
+	// out of the store's record this long after (settleSpent), when
+	// requests that spent from it have decided their other rules.
 	leaseSettleAfter = time.Second
 	// leaseSliceShare: a slice is at most 1/leaseSliceShare of the limit
 	// (windows) or burst (buckets), at least 1.
@@ -286,8 +286,8 @@ type leaseEntry struct {
 
 // spentSlice is a window slice spent to the last unit at (local µs).
 type spentSlice struct {
-	id string
-	at int64
+	id          string
+	at, granted int64
 }
 
 // heldSlice is one slice this instance holds.
@@ -553,9 +553,11 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 				// (settleSpent): its record would otherwise keep a field
 				// per slice until the window ends (an hour's window on a
 				// busy instance: some 72,000, every one read by every
-				// take), and until then an admin reset, which keeps what
-				// the slices in the record hold, still counts it for the
-				// units that may come back. Not while a take is out: its
+				// take). avail never holds more than the slices still in
+				// the record (heldLocked), which is what an admin reset
+				// keeps counted (103 admitted at a limit of 100 when a
+				// unit spent from a settled slice came back on top). Not
+				// while a take is out: its
 				// decision may have reserved what avail held (avail is 0
 				// meanwhile), and puts it back if the store has nothing
 				// to lease, into these slices.
@@ -564,7 +566,7 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 					e.settle = append(e.settle, s.id)
 					bump = true
 				} else {
-					e.spent2 = append(e.spent2, spentSlice{id: s.id, at: now})
+					e.spent2 = append(e.spent2, spentSlice{id: s.id, at: now, granted: s.granted})
 				}
 				changed = true
 				continue
@@ -585,7 +587,8 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 		}
 	}
 	if e.settleSpent(now) {
-		bump = true
+		// what the settled slices held leaves avail with them
+		e.stats.wasted.Add(e.clamp(e.heldLocked()))
 	}
 	if bump {
 		e.epoch.Add(1)
@@ -600,9 +603,10 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 }
 
 // settleSpent moves the window slices spent to the last unit at least
-// leaseSettleAfter ago to e.settle, and reports whether it moved any: no
-// unit spent before may come back then (the caller bumps the epoch), as
-// the store stops counting the slice with the next take. e.mu is held.
+// leaseSettleAfter ago to e.settle, and reports whether it moved any: the
+// store stops counting them with the next take, so avail may hold no more
+// than the slices left do (the caller clamps it; giveBack never adds
+// past it). e.mu is held.
 func (e *leaseEntry) settleSpent(now int64) bool {
 	n := 0
 	for n < len(e.spent2) && now-e.spent2[n].at >= PeriodUS(leaseSettleAfter) {
@@ -641,8 +645,27 @@ func (e *leaseEntry) giveBack(cost int64, ep uint64, now int64) {
 	if e.dead || e.epoch.Load() != ep || now >= e.until.Load() {
 		return
 	}
-	e.avail.Add(cost)
-	e.spent.Add(-cost)
+	// never more than the slices the store's record still counts for
+	// this instance hold (an admin reset keeps exactly those)
+	back := min(cost, e.heldLocked()-e.avail.Load())
+	if back <= 0 {
+		return
+	}
+	e.avail.Add(back)
+	e.spent.Add(-back)
+}
+
+// heldLocked is what the slices the store's record counts for e hold:
+// the live ones and the spent ones not yet settled. e.mu is held.
+func (e *leaseEntry) heldLocked() int64 {
+	var n int64
+	for _, s := range e.slices {
+		n += s.granted
+	}
+	for _, s := range e.spent2 {
+		n += s.granted
+	}
+	return n
 }
 
 // allowed is the Result of a spend: the store's remaining at the last take
@@ -775,7 +798,7 @@ func (lt *leaseTable) takeLocked(ctx context.Context, l *Limiter, e *leaseEntry,
 	e.lastGrant = max(g.Granted, e.lastGrant/2)
 	e.exUntil = 0
 	e.storeRem.Store(g.Result.Remaining)
-	e.resetAt.Store(now + g.Result.ResetUS)
+	e.resetAt.Store(lt.clock(nowUS) + g.Result.ResetUS) // from the reply, as a denial's
 	return g, covered, fresh, nil
 }
 
@@ -862,11 +885,14 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 			res := e.exResult
 			res.Allowed = false
 			res.Remaining = max(have, 0)
-			res.ResetUS = max(e.resetAt.Load()-now, 0)
+			// counted from the answer (this request may have waited for
+			// the take that set them)
+			at := lt.clock(nowUS)
+			res.ResetUS = max(e.resetAt.Load()-at, 0)
 			if e.exRetryAt == math.MaxInt64 {
 				res.RetryUS = NeverFits
 			} else {
-				res.RetryUS = max(e.exRetryAt-now, 1)
+				res.RetryUS = max(e.exRetryAt-at, 1)
 			}
 			e.mu.Unlock()
 			e.stats.deniedLocal.Add(1)
@@ -897,11 +923,14 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 		}
 		if err != nil || g.Granted <= 0 {
 			if reserved > 0 {
+				back := int64(0)
 				if !e.dead && e.epoch.Load() == ep && now < e.until.Load() {
-					e.avail.Add(reserved)
-				} else {
-					e.stats.wasted.Add(reserved)
+					// no more than the slices the record still counts
+					// hold (the take may have settled some: giveBack)
+					back = max(min(reserved, e.heldLocked()-e.avail.Load()), 0)
+					e.avail.Add(back)
 				}
+				e.stats.wasted.Add(reserved - back)
 			}
 			e.mu.Unlock()
 			if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/rategate/rategate/limits/redisstore"
 )
 
-// TestReviewGivenBackBeforeSettleOutlivesTheSettle: cd7b2ed keeps a
+// TestLeaseGiveBackNeverExceedsTheRecord: cd7b2ed keeps a
 // window slice spent to the last unit (A) in the lease record for
 // leaseSettleAfter (spent2), so that an admin reset still counts it while
 // units spent from it may come back. But a unit given back in that second
@@ -30,8 +30,9 @@ import (
 // units come back. 1.1 s later a request costing more than C holds (a
 // cost header) is denied by the store; its take carries the settle. The
 // operator resets the key through A. Then C and A spend what they can in
-// the same hour.
-func TestReviewGivenBackBeforeSettleOutlivesTheSettle(t *testing.T) {
+// the same hour (106 at a limit of 100 before avail was held to the
+// slices the record still counts: heldLocked).
+func TestLeaseGiveBackNeverExceedsTheRecord(t *testing.T) {
 	srv := testredis.Start(t)
 	client := srv.Client(t)
 	rs, err := redisstore.New(client, "redis "+srv.Addr)

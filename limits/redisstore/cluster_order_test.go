@@ -9,7 +9,7 @@ import (
 	"github.com/rategate/rategate/limits/storetest"
 )
 
-// TestReviewBurstAfterGlobalDenialAdmitsTheLimit: docs/scaling.md claims
+// TestClusterBurstAfterAGlobalDenialAdmitsTheLimit: docs/scaling.md claims
 // that deciding the most restrictive slot first admits exactly the limit
 // in a burst (TestClusterBurstAdmitsTheLimit: 100 users with a limit of 1
 // each, a global limit of 100, every user asking three times at once).
@@ -22,7 +22,7 @@ import (
 // same burst, 100 ms after the global denied once, admits less than the
 // 100 that fit, and each of the 200 per-user denials paid a refund (and
 // its announcement).
-func TestReviewBurstAfterGlobalDenialAdmitsTheLimit(t *testing.T) {
+func TestClusterBurstAfterAGlobalDenialAdmitsTheLimit(t *testing.T) {
 	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestReviewBurstAfterGlobalDenialAdmitsTheLimit(t *testing.T) {
 	}
 }
 
-// TestReviewOverLimitIdentityRefundsWhileGlobalDeniedLately: while the
+// TestClusterOverLimitIdentityNeedsNoRefund: while the
 // global rule has denied through this store in the last 2 s, its slot goes
 // first for every request; a request of an identity already at its own
 // limit is then admitted by the global slot, denied by the per-user one,
@@ -79,7 +79,7 @@ func TestReviewBurstAfterGlobalDenialAdmitsTheLimit(t *testing.T) {
 // per-user), one identity at its limit asking 50 times; and per-user
 // first, 50 identities at their limit asking once each (a key not yet
 // noted does not go first).
-func TestReviewOverLimitIdentityRefundsWhileGlobalDeniedLately(t *testing.T) {
+func TestClusterOverLimitIdentityNeedsNoRefund(t *testing.T) {
 	c := sharedCluster.Get(t)
 	if err := c.FlushAll(); err != nil {
 		t.Fatal(err)

@@ -14,14 +14,15 @@ import (
 	"github.com/rategate/rategate/limits/redisstore"
 )
 
-// TestReviewWaiterRetryLongerThanTheReplyTrip: 18ed4a9 counts a denied
+// TestLeaseWaiterRetryFromItsAnswer: 18ed4a9 counts a denied
 // take's retry from the reply (at) and says a local denial is "never
 // short; long by at most the reply's trip". A decision that waited for
 // that take (its clock read before it waited) is then denied locally with
 // RetryUS = at + retry - its own stale now: long by the reply's trip plus
 // its wait. Real Redis behind a proxy holding replies 300 ms: the taker's
-// Retry-After ends ~300 ms after the window, the waiters' 450-550 ms.
-func TestReviewWaiterRetryLongerThanTheReplyTrip(t *testing.T) {
+// Retry-After ends ~300 ms after the window, the waiters' 450-550 ms
+// (now counted from each answer).
+func TestLeaseWaiterRetryFromItsAnswer(t *testing.T) {
 	srv := testredis.Start(t)
 	px := testredis.StartProxy(t, srv.Addr)
 	client := redis.NewClient(&redis.Options{Addr: px.Addr, ReadTimeout: 5 * time.Second})

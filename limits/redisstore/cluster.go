@@ -219,56 +219,73 @@ func sortByRestriction(checks []limits.Check, groups []slotGroup, recent *recent
 	for gi := range groups {
 		g := &groups[gi]
 		g.order = int64(math.MaxInt64)
+		denied := false
 		for _, i := range g.idx {
 			if c := &checks[i]; !c.Shadow {
 				g.order = min(g.order, min(c.Limit, c.Burst))
-				if recent.seen(c.Key, now) {
-					g.order = -1
-					break
-				}
+				denied = denied || recent.seen(c.Key, now)
 			}
+		}
+		if denied {
+			// before every group not denied lately, by limit among them
+			g.order -= math.MaxInt64
 		}
 	}
 	sort.SliceStable(groups, func(i, j int) bool { return groups[i].order < groups[j].order })
 }
 
-// recentDenials remembers, by a hash of the key, when a check was last
-// denied through this store, for recentDenialFor: the slot that denied
-// lately is asked first (sortByRestriction). A direct-mapped table of
-// recentDenialSlots: two keys that share a place only make the order a
-// guess again, which it was before; no decision depends on it.
+// recentDenials remembers, by a hash of the key, until when a check this
+// store saw denied stays denied (its retry time): the slot that denies
+// still is asked first (sortByRestriction). Once the key has room again
+// the order is by limit, as before (a burst then admits the limit
+// exactly), and an admin reset forgets the key (forget). A direct-mapped
+// table of recentDenialSlots: two keys that share a place only make the
+// order a guess again, which it was before; no decision depends on it.
 type recentDenials struct {
-	hash [recentDenialSlots]atomic.Uint64
-	at   [recentDenialSlots]atomic.Int64
+	hash  [recentDenialSlots]atomic.Uint64
+	until [recentDenialSlots]atomic.Int64 // ns
 }
 
 const (
 	recentDenialSlots = 4096
-	recentDenialFor   = int64(2 * time.Second)
+	// recentDenialAtLeast keeps a key noted for 20 ms past a denial even
+	// when its retry is sooner (a busy sliding_window or gcra rule frees a
+	// unit every millisecond): under a flood its denials keep renewing
+	// it, and after one the order goes back to limits within 20 ms.
+	recentDenialAtLeast = int64(20 * time.Millisecond)
 )
 
 var recentSeed = maphash.MakeSeed()
 
-func (r *recentDenials) note(key string, now int64) {
+func (r *recentDenials) note(key string, until int64) {
 	h := maphash.String(recentSeed, key)
 	i := h % recentDenialSlots
 	r.hash[i].Store(h)
-	r.at[i].Store(now)
+	r.until[i].Store(until)
 }
 
 func (r *recentDenials) seen(key string, now int64) bool {
 	h := maphash.String(recentSeed, key)
 	i := h % recentDenialSlots
-	return r.hash[i].Load() == h && now-r.at[i].Load() < recentDenialFor
+	return r.hash[i].Load() == h && now < r.until[i].Load()
 }
 
-// noteDenials records the non-shadow checks the groups denied.
+func (r *recentDenials) forget(key string) {
+	h := maphash.String(recentSeed, key)
+	if i := h % recentDenialSlots; r.hash[i].Load() == h {
+		r.until[i].Store(0)
+	}
+}
+
+// noteDenials records the non-shadow checks the groups denied, until
+// their retry time (from now, the decision's start), at least
+// recentDenialAtLeast.
 func (s *Store) noteDenials(b *limits.Batch, groups []slotGroup, results []limits.Result, now int64) {
 	for gi := range groups {
 		if g := &groups[gi]; g.err == nil && !g.admitted {
 			for _, i := range g.idx {
-				if !results[i].Allowed && !b.Checks[i].Shadow {
-					s.denied.note(b.Checks[i].Key, now)
+				if r := &results[i]; !r.Allowed && !b.Checks[i].Shadow && r.RetryUS > 0 {
+					s.denied.note(b.Checks[i].Key, now+max(r.RetryUS*1000, recentDenialAtLeast))
 				}
 			}
 		}

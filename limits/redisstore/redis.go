@@ -743,6 +743,7 @@ var resetScript = func() *redis.Script {
 
 // Reset implements Store.
 func (s *Store) Reset(ctx context.Context, c limits.Check) error {
+	s.denied.forget(c.Key)
 	if err := resetScript.Run(ctx, s.client, []string{c.Key}).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		s.noteError(err)
 		return fmt.Errorf("redis store: reset %q: %w", c.Key, err)

@@ -96,7 +96,10 @@ func memoryLMStore(t *testing.T) lmStore {
 	return lmStore{name: "memory", store: m, leaser: m}
 }
 
-func redisLMStore(t *testing.T) lmStore {
+// realRedisStore starts a redis-server and returns a client of it and a
+// Redis store over that client, closed with the test.
+func realRedisStore(t *testing.T) (*redis.Client, *redisstore.Store) {
+	t.Helper()
 	srv := testredis.Start(t)
 	client := srv.Client(t)
 	rs, err := redisstore.New(client, "redis "+srv.Addr)
@@ -104,6 +107,11 @@ func redisLMStore(t *testing.T) lmStore {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
+	return client, rs
+}
+
+func redisLMStore(t *testing.T) lmStore {
+	client, rs := realRedisStore(t)
 	expired := persistAll(t, client)
 	return lmStore{name: "redis", store: rs, leaser: rs, settle: func(t *testing.T, keys map[string]bool) bool {
 		ks := make([]string, 0, 2*len(keys))

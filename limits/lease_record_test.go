@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // TestLeaseRecordHoldsLiveSlices: a leased window rule's lease record
@@ -26,13 +24,7 @@ import (
 // One instance on a driven clock (10,000 requests a second) on a
 // fixed_window rule of 1e9 per hour, for a minute of its clock.
 func TestLeaseRecordHoldsLiveSlices(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	rs, err := redisstore.New(client, "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	client, rs := realRedisStore(t)
 	prefix := fmt.Sprintf("plr%d", time.Now().UnixNano()%1_000_000)
 	r := leasedRule("global", limits.FixedWindow, 1_000_000_000, time.Hour)
 	l := limits.New(limits.Options{Store: rs, Prefix: prefix, Rules: []*limits.Rule{r}, Leaser: rs,

@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // TestLeaseGiveBackNeverExceedsTheRecord: cd7b2ed keeps a
@@ -33,13 +31,7 @@ import (
 // the same hour (106 at a limit of 100 before avail was held to the
 // slices the record still counts: heldLocked).
 func TestLeaseGiveBackNeverExceedsTheRecord(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	rs, err := redisstore.New(client, "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	client, rs := realRedisStore(t)
 	prefix := fmt.Sprintf("rx%d", time.Now().UnixNano()%1_000_000)
 	const limit = 100
 	r := leasedRule("global", limits.FixedWindow, limit, time.Hour)

@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // TestLeaseSettledSliceGivesNothingBackAfterReset: a window slice spent
@@ -29,13 +27,7 @@ import (
 // are denied by their other rule and give their units back at C. Then
 // every instance spends what it can in the same hour.
 func TestLeaseSettledSliceGivesNothingBackAfterReset(t *testing.T) {
-	srv := testredis.Start(t)
-	client := srv.Client(t)
-	rs, err := redisstore.New(client, "redis "+srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	client, rs := realRedisStore(t)
 	prefix := fmt.Sprintf("rv%d", time.Now().UnixNano()%1_000_000)
 	const limit = 100
 	r := leasedRule("global", limits.FixedWindow, limit, time.Hour)

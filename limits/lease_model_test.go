@@ -110,6 +110,23 @@ func realRedisStore(t *testing.T) (*redis.Client, *redisstore.Store) {
 	return client, rs
 }
 
+// proxiedRedisStore starts a redis-server behind a fault-injecting proxy
+// and returns the proxy and a Redis store whose client (read timeout
+// readTimeout, 0 for go-redis's own) goes through it.
+func proxiedRedisStore(t *testing.T, readTimeout time.Duration) (*testredis.Proxy, *redisstore.Store) {
+	t.Helper()
+	srv := testredis.Start(t)
+	px := testredis.StartProxy(t, srv.Addr)
+	client := redis.NewClient(&redis.Options{Addr: px.Addr, ReadTimeout: readTimeout})
+	t.Cleanup(func() { client.Close() })
+	rs, err := redisstore.New(client, "redis "+px.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	return px, rs
+}
+
 func redisLMStore(t *testing.T) lmStore {
 	client, rs := realRedisStore(t)
 	expired := persistAll(t, client)

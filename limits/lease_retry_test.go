@@ -6,11 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // TestLeaseLocalDenialRetryForLargerCost: a leased token_bucket (1 a
@@ -75,15 +71,7 @@ func TestLeaseLocalDenialRetryForLargerCost(t *testing.T) {
 // Redis behind a proxy that holds each request 30 ms: the local denial's
 // retry reaches the window's end.
 func TestLeaseLocalDenialRetryNotShort(t *testing.T) {
-	srv := testredis.Start(t)
-	px := testredis.StartProxy(t, srv.Addr)
-	client := redis.NewClient(&redis.Options{Addr: px.Addr})
-	t.Cleanup(func() { client.Close() })
-	rs, err := redisstore.New(client, "redis "+px.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	px, rs := proxiedRedisStore(t, 0)
 	ctx := context.Background()
 	const period = 10 * time.Second
 	p := limits.PeriodUS(period)

@@ -17,8 +17,8 @@ import (
 // rule of theirs not decided yet) were given back after the reset into
 // the holder's avail, beyond what the rebuilt count holds for it: 103
 // admitted in the window at a limit of 100 (the review's test). A window's
-// slice is now settled a second after it was spent, and that ends the
-// give back of what was spent from it, as a bucket's settle does.
+// slice is now settled a second after it was spent, and what its holder
+// may spend is held to what the slices still in the record grant.
 //
 // fixed_window, 100 an hour, leased. Instance C spends its first slice;
 // the last k units of it by requests another rule will deny (in flight);

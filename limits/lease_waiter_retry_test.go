@@ -7,11 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/redisstore"
 )
 
 // TestLeaseWaiterRetryFromItsAnswer: 18ed4a9 counts a denied
@@ -23,15 +19,7 @@ import (
 // Retry-After ends ~300 ms after the window, the waiters' 450-550 ms
 // (now counted from each answer).
 func TestLeaseWaiterRetryFromItsAnswer(t *testing.T) {
-	srv := testredis.Start(t)
-	px := testredis.StartProxy(t, srv.Addr)
-	client := redis.NewClient(&redis.Options{Addr: px.Addr, ReadTimeout: 5 * time.Second})
-	t.Cleanup(func() { client.Close() })
-	rs, err := redisstore.New(client, "redis "+px.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	px, rs := proxiedRedisStore(t, 5*time.Second)
 	ctx := context.Background()
 	const period = 10 * time.Second
 	p := limits.PeriodUS(period)

@@ -41,7 +41,8 @@
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside;
--- a backlog converted from another rate is held within 2^45 µs (gc_backlog).
+-- a backlog converted from another rate is read within 2^45 µs and then not
+-- written back (gc_backlog: it stays under the numbers that can hold it).
 -- limits/memstore/algo_gcra.go is the in-memory twin, step for step.
 --
 -- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
@@ -97,10 +98,10 @@ end
 -- (even beyond tau: a burst that shrank leaves what was used to wait out),
 -- else d in units of the old T queued at the new T, rounded up to the µs.
 -- changed is true when the stored TAT is to be rewritten (the rate
--- changed).
+-- changed), held when it must not be: d read at the new T passes 2^45 µs.
 local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
   local di, df = 0, 0
-  local changed = false
+  local changed, held = false, false
   if sl == limit and sp == period then
     if t >= now then di, df = t - now, f end
   elseif t > now or (t == now and f > 0) then
@@ -114,8 +115,10 @@ local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
     local ri, rf = xi - ni, f - nf
     if rf < 0 then ri, rf = ri - 1, rf + sl end
     if n * (period / limit) >= 35184372088832 then
-      -- beyond 2^45 µs (407 days): held there, where the sums stay exact
-      di, df = 35184372088832, 0
+      -- beyond 2^45 µs (407 days): read as that, where the sums stay
+      -- exact, and never written so (held): the units past it would be
+      -- lost to the other numbers
+      di, df, held = 35184372088832, 0, true
     else
       di, df = gc_times(n, q, r, limit)
       if ri > 0 or rf > 0 then
@@ -123,8 +126,8 @@ local function gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
       end
     end
   end
-  if sl ~= limit or sp ~= period then changed = true end
-  return di, df, changed
+  if (sl ~= limit or sp ~= period) and not held then changed = true end
+  return di, df, changed, held
 end
 
 -- gcra_load returns the record at key: its TAT (whole µs and numerator)

@@ -142,11 +142,11 @@ local function ls_tb_state(key, now, limit, period, burst, o)
         if c < 0 then c = 0 end
         local h, hri = tb_level(tokens, ts, now, c, sq, sr, sl, sp)
         token_bucket_store(key, h, now - hri, sl, sp, sb, nil)
-        local have, ri = tb_convert(h, now - hri, sl, sp, sb, now, limit, period, burst, q, r)
+        local have, ri, _, held = tb_convert(h, now - hri, sl, sp, sb, now, limit, period, burst, q, r)
         c = burst - o
         if c < 0 then c = 0 end
         if have >= c then have, ri = c, 0 end
-        return have, ri, 0, q, r
+        return have, ri, 0, q, r, held
       end
     end
   end
@@ -193,15 +193,15 @@ local function ls_gc_state(key, now, limit, period, burst, o)
       t, f, sl, sp = gcra_load(key)
     end
   end
-  local di, df = 0, 0
+  local di, df, held = 0, 0, false
   if t then
-    -- (still under the old numbers when beyond the tolerance: gcra leaves
-    -- such a backlog as written)
-    di, df = gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
+    -- (still under the old numbers when gcra held it at the bound)
+    local _
+    di, df, _, held = gc_backlog(t, f, sl, sp, now, q, r, limit, period, burst, ti, tf)
   end
   local oi, of = gc_times(o, q, r, limit)
   if di < oi or (di == oi and df < of) then di, df = oi, of end
-  return di, df, q, r, ti, tf
+  return di, df, q, r, ti, tf, held
 end
 
 local function ls_gc_write(key, now, limit, period, di, df)
@@ -327,7 +327,7 @@ if op == 'take' then
   if window then
     g, untl, rem, reset, retry = ls_window_take(code, key, now, limit, period, burst, need, want)
   elseif code == 5 then
-    local have, ri, rf, q, r = ls_tb_state(key, now, limit, period, burst, o)
+    local have, ri, rf, q, r, held = ls_tb_state(key, now, limit, period, burst, o)
     reset = tb_after(burst - have, ri, rf, q, r, limit)
     if need > burst then
       g, rem, retry = 0, math.max(have, 0), -1
@@ -340,9 +340,10 @@ if op == 'take' then
       rem, reset, retry = have, tb_after(burst - have, ri, 0, q, r, limit), 0
       untl = now + ttl
     end
-    ls_tb_write(key, now, limit, period, burst, have, ri, q, r)
+    -- (a debt held at the bound grants nothing and is not written)
+    if not held then ls_tb_write(key, now, limit, period, burst, have, ri, q, r) end
   else
-    local di, df, q, r, ti, tf = ls_gc_state(key, now, limit, period, burst, o)
+    local di, df, q, r, ti, tf, held = ls_gc_state(key, now, limit, period, burst, o)
     reset = di
     if df > 0 then reset = di + 1 end
     rem = gc_left(ti, tf, di, df, burst, q, r, limit, period)
@@ -363,7 +364,7 @@ if op == 'take' then
         retry, untl = 0, now + ttl
       end
     end
-    ls_gc_write(key, now, limit, period, di, df)
+    if not held then ls_gc_write(key, now, limit, period, di, df) end
   end
   if g > 0 then
     local k = untl + fill

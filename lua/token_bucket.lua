@@ -42,8 +42,8 @@
 -- it exactly) while now < 2^52 µs (year 2112), P <= 2^45 µs (~407 days),
 -- L, B, c < 2^30 (cost > B is refused before any product) and B*P/L <= 2^45 µs.
 -- Config validation (P <= 400 days, L, B <= 1e9, B*P/L <= 400 days) stays inside;
--- a debt converted from another rate is held within 2^45 µs of refill and
--- 2^30 tokens (tb_convert).
+-- a debt converted from another rate is read within 2^45 µs of refill and
+-- 2^30 tokens and then not written back (tb_convert).
 -- limits/memstore/algo_token_bucket.go is the in-memory twin, step for step.
 --
 -- TTLs are at least 2 ms (math.max(..., 2)): Redis 7.0 deletes a key at once
@@ -112,7 +112,8 @@ end
 -- tb_convert returns the level of a record of tokens at ts, written
 -- under limit sl, period sp and burst sb, at now under limit L, period P
 -- and burst B (T = q + r/L): whole tokens, below 0 when more was used
--- than B holds, and rho = ri + rf/L µs earned towards the next one. What
+-- than B holds, rho = ri + rf/L µs earned towards the next one, and
+-- whether the debt was held at the bound (not to be written). What
 -- was used, sb - tokens_now, is carried in tokens (a token is a token
 -- whatever the rate); under another rate, rho is scaled to the new T,
 -- rounded down to the µs (rf is then 0).
@@ -130,18 +131,25 @@ local function tb_convert(tokens, ts, sl, sp, sb, now, limit, period, burst, q, 
   local h, hri, hrf = tb_level(tokens, ts, now, sb, sq, sr, sl, sp)
   local have = h - sb + burst
   if have >= burst then return burst, 0, 0 end
-  -- a debt is held within 2^45 µs of refill and 2^30 tokens, where the
-  -- sums stay exact
+  -- a debt is read within 2^45 µs of refill and 2^30 tokens, where the
+  -- sums stay exact, and then not written back (held): the tokens past it
+  -- would be lost to the other numbers
+  local held = false
   local most = tb_count(35184372088832, 1073741823, q, r, limit, period)
-  if burst - have > most then have = burst - most end
+  if burst - have > most then have, held = burst - most, true end
   local ri = 0
   if hri > 0 or hrf > 0 then
+    -- rho at the new T: T less the rest of the token still to refill,
+    -- that rest scaled exactly as gcra scales its part-unit (gc_backlog),
+    -- so that the two stay equal to the µs
+    local xi, xf = sq - hri, sr - hrf
+    if xf < 0 then xi, xf = xi - 1, xf + sl end
     local whole = tb_times(1, q, r, limit)
-    ri = math.floor((hri + hrf / sl) * (period / limit) / (sp / sl))
+    ri = whole - math.ceil((xi + xf / sl) * (period / limit) / (sp / sl))
     if ri >= whole then ri = whole - 1 end
     if ri < 0 then ri = 0 end
   end
-  return have, ri, 0
+  return have, ri, 0, held
 end
 
 -- token_bucket_load returns the record at key: its whole tokens (below 0
@@ -200,8 +208,9 @@ local function token_bucket(key, now, limit, period, burst, cost, solo, io)
   local have, ri, rf = burst, 0, 0
   local tokens, ts, sl, sp, sb = token_bucket_load(key, io)
   if tokens then
-    have, ri, rf = tb_convert(tokens, ts, sl, sp, sb, now, limit, period, burst, q, r)
-    if (sl ~= limit or sp ~= period) and cost > 0 then
+    local held
+    have, ri, rf, held = tb_convert(tokens, ts, sl, sp, sb, now, limit, period, burst, q, r)
+    if (sl ~= limit or sp ~= period) and cost > 0 and not held then
       -- another rate: written back in the new terms, to refill at the new
       -- rate from now on (below empty too: the record holds a debt)
       if have >= burst then

@@ -92,16 +92,17 @@ func (t interval) left(ti, tf, di, df, burst int64) int64 {
 // means under t: as it is when sl and sp are t's (even beyond the
 // tolerance: a burst that shrank leaves what was used to wait out), else
 // d in units of the old interval queued at t, rounded up to the µs.
-// changed says the TAT is to be rewritten (the rate changed).
-func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int64, changed bool) {
+// changed says the TAT is to be rewritten (the rate changed), held that
+// it must not be (d read at t passes 2^45 µs).
+func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int64, changed, held bool) {
 	if sl == t.l && sp == t.p {
 		if tat >= now {
 			di, df = tat-now, f
 		}
-		return di, df, false
+		return di, df, false, false
 	}
 	if tat < now || (tat == now && f == 0) {
-		return 0, 0, true
+		return 0, 0, true, false
 	}
 	xi := tat - now
 	old := newInterval(sl, sp)
@@ -112,8 +113,8 @@ func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int6
 		ri, rf = ri-1, rf+sl
 	}
 	if float64(float64(n)*float64(float64(t.p)/float64(t.l))) >= 1<<45 {
-		// beyond 2^45 µs (407 days): held there, where the sums stay exact
-		di, df = 1<<45, 0
+		// beyond 2^45 µs (407 days): read as that, never written so
+		return 1 << 45, 0, false, true
 	} else {
 		di, df = t.times(n)
 		if ri > 0 || rf > 0 {
@@ -121,7 +122,7 @@ func (t interval) backlog(tat, f, sl, sp, now, burst, ti, tf int64) (di, df int6
 			di += int64(math.Ceil(x))
 		}
 	}
-	return di, df, true
+	return di, df, true, false
 }
 
 // gcra: T = P/L, tau = B*T; tat = max(stored, now), new = tat + c*T; allow iff
@@ -145,7 +146,7 @@ func gcra(st *state, now int64, c *limits.Check, _ bool) outcome {
 			sp = c.PeriodUS
 		}
 		var changed bool
-		di, df, changed = t.backlog(st.a, st.b, sl, sp, now, c.Burst, ti, tf)
+		di, df, changed, _ = t.backlog(st.a, st.b, sl, sp, now, c.Burst, ti, tf)
 		if changed && c.Cost > 0 {
 			*st = state{}
 			if di > 0 || df > 0 {

@@ -79,35 +79,43 @@ func (t interval) level(tokens, ts, now, capacity int64) (have, ri, rf int64) {
 
 // convert is tb_convert: the level at now, under t and burst, of a bucket
 // of tokens at ts written under limit sl, period sp and burst sb: whole
-// tokens (below 0 when more was used than burst holds) and rho = ri +
-// rf/L µs earned towards the next one; what was used is carried in
-// tokens, and under another rate rho is scaled to t, rounded down.
-func (t interval) convert(tokens, ts, sl, sp, sb, now, burst int64) (have, ri, rf int64) {
+// tokens (below 0 when more was used than burst holds), rho = ri + rf/L
+// µs earned towards the next one, and whether the debt was held at the
+// bound (not to be written); what was used is carried in tokens, and
+// under another rate rho is scaled to t, rounded down.
+func (t interval) convert(tokens, ts, sl, sp, sb, now, burst int64) (have, ri, rf int64, held bool) {
 	if sl == t.l && sp == t.p {
 		have, ri, rf = t.level(tokens, ts, now, sb)
 		if sb == burst {
-			return have, ri, rf
+			return have, ri, rf, false
 		}
 		if have = have - sb + burst; have >= burst {
-			return burst, 0, 0
+			return burst, 0, 0, false
 		}
-		return have, ri, 0
+		return have, ri, 0, false
 	}
 	old := newInterval(sl, sp)
 	h, hri, hrf := old.level(tokens, ts, now, sb)
 	if have = h - sb + burst; have >= burst {
-		return burst, 0, 0
+		return burst, 0, 0, false
 	}
-	// a debt is held within 2^45 µs of refill and 2^30 tokens
+	// a debt is read within 2^45 µs of refill and 2^30 tokens, and then
+	// not written back (held)
 	if most := t.refilled(1<<45, 1<<30-1); burst-have > most {
-		have = burst - most
+		have, held = burst-most, true
 	}
 	if hri > 0 || hrf > 0 {
+		// rho at t: T less the rest of the token still to refill, scaled
+		// as backlog scales gcra's part-unit (equal to the µs)
+		xi, xf := old.q-hri, old.r-hrf
+		if xf < 0 {
+			xi, xf = xi-1, xf+sl
+		}
 		whole, _ := t.times(1)
-		x := float64(float64(float64(hri)+float64(float64(hrf)/float64(sl)))*float64(float64(t.p)/float64(t.l))) / float64(float64(sp)/float64(sl))
-		ri = min(max(int64(math.Floor(x)), 0), max(whole-1, 0))
+		x := float64(float64(float64(xi)+float64(float64(xf)/float64(sl)))*float64(float64(t.p)/float64(t.l))) / float64(float64(sp)/float64(sl))
+		ri = min(max(whole-int64(math.Ceil(x)), 0), max(whole-1, 0))
 	}
-	return have, ri, 0
+	return have, ri, 0, held
 }
 
 // tokenBucket: capacity B refilled at L per P, starting full; allow iff
@@ -135,8 +143,9 @@ func tokenBucket(st *state, now int64, c *limits.Check, _ bool) outcome {
 		if sb == 0 {
 			sb = c.Burst
 		}
-		have, ri, rf = t.convert(tokens, st.a, sl, sp, sb, now, c.Burst)
-		if c.Cost > 0 && (sl != c.Limit || sp != c.PeriodUS) {
+		var held bool
+		have, ri, rf, held = t.convert(tokens, st.a, sl, sp, sb, now, c.Burst)
+		if c.Cost > 0 && (sl != c.Limit || sp != c.PeriodUS) && !held {
 			*st = state{}
 			if have < c.Burst {
 				full := t.after(c.Burst-have, ri, 0)

@@ -174,7 +174,7 @@ func (s *Store) TakeLease(_ context.Context, t *limits.LeaseTake) (limits.LeaseG
 	case limits.FixedWindow, limits.SlidingWindow:
 		g, until, res = s.leaseWindowTake(&c, now, need, want)
 	case limits.TokenBucket:
-		have, ri, rf, iv := s.leaseTBState(&c, now, m.o)
+		have, ri, rf, iv, held := s.leaseTBState(&c, now, m.o)
 		res = limits.Result{Remaining: max(have, 0), ResetUS: iv.after(c.Burst-have, ri, rf)}
 		switch {
 		case need > c.Burst:
@@ -187,9 +187,11 @@ func (s *Store) TakeLease(_ context.Context, t *limits.LeaseTake) (limits.LeaseG
 			res = limits.Result{Allowed: true, Remaining: have, ResetUS: iv.after(c.Burst-have, ri, 0)}
 			until = now + t.TTLUS
 		}
-		s.leaseTBWrite(&c, now, have, ri, iv)
+		if !held {
+			s.leaseTBWrite(&c, now, have, ri, iv)
+		}
 	case limits.GCRA:
-		di, df, iv, ti, tf := s.leaseGCState(&c, now, m.o)
+		di, df, iv, ti, tf, held := s.leaseGCState(&c, now, m.o)
 		reset := di
 		if df > 0 {
 			reset = di + 1
@@ -212,7 +214,9 @@ func (s *Store) TakeLease(_ context.Context, t *limits.LeaseTake) (limits.LeaseG
 			res = limits.Result{Allowed: true, Remaining: iv.left(ti, tf, di, df, c.Burst), ResetUS: reset}
 			until = now + t.TTLUS
 		}
-		s.leaseGCWrite(&c, now, di, df)
+		if !held {
+			s.leaseGCWrite(&c, now, di, df)
+		}
 	}
 	if g > 0 {
 		k := until + m.fill
@@ -254,7 +258,7 @@ func (s *Store) leaseWindowTake(c *limits.Check, now, need, want int64) (g, unti
 }
 
 // leaseTBState is ls_tb_state.
-func (s *Store) leaseTBState(c *limits.Check, now, o int64) (have, ri, rf int64, t interval) {
+func (s *Store) leaseTBState(c *limits.Check, now, o int64) (have, ri, rf int64, t interval, held bool) {
 	t = newInterval(c.Limit, c.PeriodUS)
 	st := s.load(c.Key, now)
 	present := st.expireUS > now
@@ -276,19 +280,19 @@ func (s *Store) leaseTBState(c *limits.Check, now, o int64) (have, ri, rf int64,
 			s.put(c.Key, st)
 			// read as tokenBucket reads it (below 0 at most); the take
 			// writes it in the new terms (leaseTBWrite)
-			have, ri, _ = t.convert(h, now-hri, sl, sp, sb, now, c.Burst)
+			have, ri, _, held = t.convert(h, now-hri, sl, sp, sb, now, c.Burst)
 			if capacity := max(c.Burst-o, 0); have >= capacity {
 				have, ri = capacity, 0
 			}
-			return have, ri, 0, t
+			return have, ri, 0, t, held
 		}
 	}
 	capacity := max(c.Burst-o, 0)
 	if !present {
-		return capacity, 0, 0, t
+		return capacity, 0, 0, t, false
 	}
 	have, ri, rf = t.level(st.b, st.a, now, capacity)
-	return have, ri, rf, t
+	return have, ri, rf, t, false
 }
 
 // leaseTBWrite is ls_tb_write.
@@ -302,7 +306,7 @@ func (s *Store) leaseTBWrite(c *limits.Check, now, have, ri int64, t interval) {
 }
 
 // leaseGCState is ls_gc_state.
-func (s *Store) leaseGCState(c *limits.Check, now, o int64) (di, df int64, t interval, ti, tf int64) {
+func (s *Store) leaseGCState(c *limits.Check, now, o int64) (di, df int64, t interval, ti, tf int64, held bool) {
 	t = newInterval(c.Limit, c.PeriodUS)
 	ti, tf = t.times(c.Burst)
 	st := s.load(c.Key, now)
@@ -335,12 +339,12 @@ func (s *Store) leaseGCState(c *limits.Check, now, o int64) (di, df int64, t int
 	if present {
 		// (still under the old numbers when beyond the tolerance: gcra
 		// leaves such a backlog as written)
-		di, df, _ = t.backlog(st.a, st.b, cmp.Or(st.c, c.Limit), cmp.Or(st.d, c.PeriodUS), now, c.Burst, ti, tf)
+		di, df, _, held = t.backlog(st.a, st.b, cmp.Or(st.c, c.Limit), cmp.Or(st.d, c.PeriodUS), now, c.Burst, ti, tf)
 	}
 	if oi, of := t.times(o); di < oi || (di == oi && df < of) {
 		di, df = oi, of
 	}
-	return di, df, t, ti, tf
+	return di, df, t, ti, tf, held
 }
 
 // leaseGCWrite is ls_gc_write.
@@ -489,7 +493,7 @@ func (s *Store) ReturnLease(_ context.Context, r *limits.LeaseReturn) (int64, er
 		c.Limit, c.PeriodUS = sl, sp
 	}
 	if c.Algorithm == limits.TokenBucket {
-		have, ri, _, iv := s.leaseTBState(&c, now, m.o)
+		have, ri, _, iv, _ := s.leaseTBState(&c, now, m.o)
 		for _, u := range picked {
 			have += u
 			back += u

@@ -12,6 +12,8 @@ var cases = []struct {
 	{"PeriodChangeGivesNoFreshQuota", periodChangeGivesNoFreshQuota},
 	{"MixedBurstsHoldTheLooser", mixedBurstsHoldTheLooser},
 	{"MixedRatesHoldTheLoosest", mixedRatesHoldTheLoosest},
+	{"SlowRateKeepsUnits", slowRateKeepsUnits},
+	{"MixedRatesFarApart", mixedRatesFarApart},
 	{"FixedWindowTimeline", fixedWindowTimeline},
 	{"FixedWindowTTL", fixedWindowTTL},
 	{"MultiRuleAllOrNothing", multiRuleAllOrNothing},

@@ -86,7 +86,7 @@ func TestBucketFleetBound(t *testing.T) {
 	mem := memstore.NewSweeping(time.Hour)
 	defer mem.Close()
 	start := time.Now().UnixMicro() + 3600_000_000
-	seqs := 100 // each run draws anew (the seed is logged on failure)
+	seqs := 60 // each run draws anew (the seed is logged on failure)
 	for seq := 0; seq < seqs; seq++ {
 		n := 2 + rng.Intn(2)
 		var shapes []gtCfg
@@ -172,7 +172,7 @@ func TestGCRATokenBucketEquivalentAcrossChanges(t *testing.T) {
 	mem := memstore.NewSweeping(time.Hour)
 	defer mem.Close()
 	start := time.Now().UnixMicro() + 3600_000_000
-	seqs := 1000
+	seqs := 500
 	for seq := 0; seq < seqs; seq++ {
 		n := 2 + rng.Intn(2)
 		var shapes []gtCfg

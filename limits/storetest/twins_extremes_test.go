@@ -129,7 +129,7 @@ func TestGCRATokenBucketTwinsAtExtremes(t *testing.T) {
 	seed := Seed(t)
 	rng := rand.New(rand.NewSource(seed))
 	mem, rs := gtStores(t)
-	seqs := 40 // each run draws anew (the seed is logged on failure)
+	seqs := 25 // each run draws anew (the seed is logged on failure)
 	for seq := 0; seq < seqs; seq++ {
 		n := 1 + rng.Intn(3)
 		var shapes []gtCfg

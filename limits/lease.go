@@ -270,10 +270,10 @@ type leaseEntry struct {
 	mu     sync.Mutex
 	slices []heldSlice
 	// settle: the slices to take out of the store's record with the next
-	// take; spent2: a window's slices spent to the last unit, not yet
+	// take; settling: a window's slices spent to the last unit, not yet
 	// settled (settleSpent).
 	settle   []string
-	spent2   []spentSlice
+	settling []spentSlice
 	dead     bool
 	inflight chan struct{}
 	// exhausted: the store had no need units to lease until exUntil
@@ -454,7 +454,7 @@ func (lt *leaseTable) killLocked(e *leaseEntry) *leaseJob {
 	e.until.Store(0)
 	e.epoch.Add(1)
 	j := lt.jobLocked(e, left)
-	e.slices, e.settle, e.spent2 = nil, nil, nil
+	e.slices, e.settle, e.settling = nil, nil, nil
 	return j
 }
 
@@ -486,7 +486,7 @@ func (lt *leaseTable) jobLocked(e *leaseEntry, left int64) *leaseJob {
 	for _, id := range e.settle {
 		j.slices = append(j.slices, SliceReturn{ID: id})
 	}
-	for _, sp := range e.spent2 {
+	for _, sp := range e.settling {
 		j.slices = append(j.slices, SliceReturn{ID: sp.id})
 	}
 	if len(j.slices) == 0 {
@@ -566,7 +566,7 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 					e.settle = append(e.settle, s.id)
 					bump = true
 				} else {
-					e.spent2 = append(e.spent2, spentSlice{id: s.id, at: now, granted: s.granted})
+					e.settling = append(e.settling, spentSlice{id: s.id, at: now, granted: s.granted})
 				}
 				changed = true
 				continue
@@ -609,11 +609,11 @@ func (lt *leaseTable) expireLocked(e *leaseEntry, now int64) {
 // past it). e.mu is held.
 func (e *leaseEntry) settleSpent(now int64) bool {
 	n := 0
-	for n < len(e.spent2) && now-e.spent2[n].at >= PeriodUS(leaseSettleAfter) {
-		e.settle = append(e.settle, e.spent2[n].id)
+	for n < len(e.settling) && now-e.settling[n].at >= PeriodUS(leaseSettleAfter) {
+		e.settle = append(e.settle, e.settling[n].id)
 		n++
 	}
-	e.spent2 = e.spent2[n:]
+	e.settling = e.settling[n:]
 	return n > 0
 }
 
@@ -662,7 +662,7 @@ func (e *leaseEntry) heldLocked() int64 {
 	for _, s := range e.slices {
 		n += s.granted
 	}
-	for _, s := range e.spent2 {
+	for _, s := range e.settling {
 		n += s.granted
 	}
 	return n
@@ -885,14 +885,11 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 			res := e.exResult
 			res.Allowed = false
 			res.Remaining = max(have, 0)
-			// counted from the answer (this request may have waited for
-			// the take that set them)
-			at := lt.clock(nowUS)
-			res.ResetUS = max(e.resetAt.Load()-at, 0)
+			res.ResetUS = max(e.resetAt.Load()-now, 0)
 			if e.exRetryAt == math.MaxInt64 {
 				res.RetryUS = NeverFits
 			} else {
-				res.RetryUS = max(e.exRetryAt-at, 1)
+				res.RetryUS = max(e.exRetryAt-now, 1)
 			}
 			e.mu.Unlock()
 			e.stats.deniedLocal.Add(1)
@@ -905,6 +902,9 @@ func (lt *leaseTable) acquire(ctx context.Context, l *Limiter, key string, r *Ru
 			case <-ctx.Done():
 				return leaseOutcome{err: ctx.Err()}
 			}
+			// decided from here on: answers count from now, not from
+			// before the wait (a Retry-After long by the wait)
+			now = lt.clock(nowUS)
 			continue
 		}
 		// Take: what is held, reserved from concurrent spenders, plus a

@@ -11,7 +11,7 @@ import (
 
 // TestLeaseGiveBackNeverExceedsTheRecord: cd7b2ed keeps a
 // window slice spent to the last unit (A) in the lease record for
-// leaseSettleAfter (spent2), so that an admin reset still counts it while
+// leaseSettleAfter (settling), so that an admin reset still counts it while
 // units spent from it may come back. But a unit given back in that second
 // goes into avail, where it stays after A is settled (the bump only ends
 // later give backs): avail then exceeds what C's slices in the record
@@ -23,7 +23,7 @@ import (
 //
 // fixed_window, 100 an hour, leased, real Redis. C spends every unit it
 // holds (k requests in flight, their other rule still to decide); its next
-// take brings slice B and the sweep moves the spent slices to spent2; the
+// take brings slice B and the sweep moves the spent slices to settling; the
 // k requests are denied by their other rule within the second: their
 // units come back. 1.1 s later a request costing more than C holds (a
 // cost header) is denied by the store; its take carries the settle. The
@@ -83,7 +83,7 @@ func TestLeaseGiveBackNeverExceedsTheRecord(t *testing.T) {
 	if !decide(lc, 1) {
 		t.Fatal("C's next take denied")
 	}
-	lc.SweepLeasesAt(ctx, now) // the spent slice goes to spent2
+	lc.SweepLeasesAt(ctx, now) // the spent slice goes to settling
 	show("B taken, A spent")
 	// the k requests are denied by their other rule within the second
 	for _, ep := range eps {

@@ -3,10 +3,11 @@
 -- for as long as the record would have lived.
 --
 -- KEYS[1]  the rule's key
+-- ARGV[1]  its reset stamp's key, in the same slot: "<prefix>:{tag}:reset"
+--          (limits.ResetStampKey; refund.lua names it the same way)
 -- Reply    the record's PTTL before the reset (-2: there was none)
 --
--- The stamp, "<prefix>:{tag}:reset" (limits.ResetStampKey; refund.lua
--- names it the same way), is not named in KEYS: it does not exist before
+-- The stamp is not named in KEYS: it does not exist before
 -- the reset, and a script naming one key present and one missing is
 -- refused (TRYAGAIN) on both nodes while its slot is being migrated, so
 -- the operator's reset would fail until the resharding ended. Unnamed, it
@@ -23,17 +24,13 @@
 -- record ends when the record would have, so the stamp lives as long (and
 -- a second more, for the clocks of a failover).
 --
--- By hand: redis-cli --eval lua/reset.lua 'rg:{demo:1.2.3.4}:fw2'
+-- By hand: redis-cli --eval lua/reset.lua 'rg:{demo:1.2.3.4}:fw2' , 'rg:{demo:1.2.3.4}:reset'
 
 local key = KEYS[1]
 local ttl = redis.call('PTTL', key)
 redis.call('DEL', key)
 if ttl > 0 then
-  local o = string.find(key, '{', 1, true)
-  local c = o and string.find(key, '}', o + 1, true)
-  local stamp = '{' .. key .. '}:reset'
-  if c and c > o + 1 then stamp = string.sub(key, 1, c) .. ':reset' end
   local t = redis.call('TIME')
-  redis.pcall('SET', stamp, t[1] .. string.format('%06d', tonumber(t[2])), 'PX', ttl + 1000)
+  redis.pcall('SET', ARGV[1], t[1] .. string.format('%06d', tonumber(t[2])), 'PX', ttl + 1000)
 end
 return ttl

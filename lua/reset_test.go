@@ -63,7 +63,7 @@ func TestRefundAfterAReset(t *testing.T) {
 			}
 			at, rem, rst := commit()
 			commit()
-			if err := reset.Run(ctx, client, []string{key}).Err(); err != nil {
+			if err := reset.Run(ctx, client, []string{key}, stamp).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if ttl := client.PTTL(ctx, stamp).Val(); ttl <= 0 || ttl > 2*time.Hour+2*time.Second {

@@ -744,7 +744,7 @@ var resetScript = func() *redis.Script {
 // Reset implements Store.
 func (s *Store) Reset(ctx context.Context, c limits.Check) error {
 	s.denied.forget(c.Key)
-	if err := resetScript.Run(ctx, s.client, []string{c.Key}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := resetScript.Run(ctx, s.client, []string{c.Key}, limits.ResetStampKey(c.Key)).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		s.noteError(err)
 		return fmt.Errorf("redis store: reset %q: %w", c.Key, err)
 	}

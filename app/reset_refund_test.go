@@ -96,7 +96,7 @@ func TestAdminResetThenLateRefund(t *testing.T) {
 				}
 			}
 			if time.Since(start) > 600*time.Millisecond {
-				t.Skipf("machine too slow: the reset and %d decisions took %v, past the 700 ms reply delay", limit+1, time.Since(start))
+				t.Fatalf("the reset and %d decisions took %v, near the 700 ms reply delay: the late refunds may have landed before the reset, and the test proves nothing", limit+1, time.Since(start))
 			}
 			if admitted != limit {
 				t.Fatalf("right after the reset B admitted %d, want the fresh %d", admitted, limit)

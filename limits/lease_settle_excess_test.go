@@ -2,9 +2,7 @@ package limits_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/rategate/rategate/limits"
 )
@@ -31,85 +29,52 @@ import (
 // the same hour (106 at a limit of 100 before avail was held to the
 // slices the record still counts: heldLocked).
 func TestLeaseGiveBackNeverExceedsTheRecord(t *testing.T) {
-	client, rs := realRedisStore(t)
-	prefix := fmt.Sprintf("rx%d", time.Now().UnixNano()%1_000_000)
-	const limit = 100
-	r := leasedRule("global", limits.FixedWindow, limit, time.Hour)
-	mk := func(inst string) *limits.Limiter {
-		l := limits.New(limits.Options{Store: rs, Prefix: prefix, Rules: []*limits.Rule{r}, Leaser: rs,
-			Lease: limits.LeaseOptions{SyncPrefetch: true, Instance: inst}})
-		l.NoDenyCache()
-		return l
-	}
-	lc, la := mk("c"), mk("a")
+	g := newSettleRig(t)
 	ctx := context.Background()
-	key := prefix + ":{global:}:" + limits.FixedWindow.Suffix()
-	lkey := limits.LeaseKey(key)
-	now := (time.Now().UnixMicro()/3_600_000_000+1)*3_600_000_000 + 1_000_000
-	admitted := 0
-	decide := func(l *limits.Limiter, cost int64) bool {
-		t.Helper()
-		now += 1000
-		var d limits.Decision
-		if err := l.DecideAt(ctx, &limits.Request{Cost: cost}, &d, now); err != nil {
-			t.Fatal(err)
-		}
-		if d.Admitted {
-			admitted += int(cost)
-		}
-		return d.Admitted
-	}
-	show := func(what string) {
-		t.Helper()
-		w, avail := lc.LeaseSlices(key, r, now)
-		cnt, _ := client.Get(ctx, key).Result()
-		t.Logf("%s: C holds %d slices, avail %d; record %v; count %q", what, len(w), avail,
-			client.HGetAll(ctx, lkey).Val(), cnt)
-	}
 	for i := 0; i < 8; i++ {
-		decide(lc, 1)
+		g.decide(g.lc, 1)
 	}
-	show("warm")
-	h := lc.LeaseEntry(key, r, now)
+	g.show("warm")
+	h := g.lc.LeaseEntry(g.key, g.r, g.now)
 	var eps []uint64
 	for h.Avail() > 0 {
-		ep, ok := h.TrySpend(1, now)
+		ep, ok := h.TrySpend(1, g.now)
 		if !ok {
 			t.Fatal("cannot spend what C holds")
 		}
 		eps = append(eps, ep)
 	}
 	k := len(eps)
-	if !decide(lc, 1) {
+	if !g.decide(g.lc, 1) {
 		t.Fatal("C's next take denied")
 	}
-	lc.SweepLeasesAt(ctx, now) // the spent slice goes to settling
-	show("B taken, A spent")
+	g.lc.SweepLeasesAt(ctx, g.now) // the spent slice goes to settling
+	g.show("B taken, A spent")
 	// the k requests are denied by their other rule within the second
 	for _, ep := range eps {
-		h.GiveBack(1, ep, now)
+		h.GiveBack(1, ep, g.now)
 	}
-	show("after the give backs")
-	now += 1_100_000
+	g.show("after the give backs")
+	g.now += 1_100_000
 	// a request costing more than C holds: the store cannot grant its
 	// need; the take settles A and the reserved units go back
-	big := int64(limit - 1)
-	if decide(lc, big) {
+	big := int64(settleLimit - 1)
+	if g.decide(g.lc, big) {
 		t.Fatalf("the request of cost %d was admitted", big)
 	}
-	show("after the denied take")
-	before := admitted
-	if _, _, err := la.ResetKey(ctx, r, &limits.Request{}); err != nil {
+	g.show("after the denied take")
+	before := g.admitted
+	if _, _, err := g.la.ResetKey(ctx, g.r, &limits.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	show("after the reset")
-	admitted = 0
-	for i := 0; i < 3*limit; i++ {
-		decide(lc, 1)
-		decide(la, 1)
+	g.show("after the reset")
+	g.admitted = 0
+	for i := 0; i < 3*settleLimit; i++ {
+		g.decide(g.lc, 1)
+		g.decide(g.la, 1)
 	}
-	t.Logf("%d units given back before the settle; %d admitted before the reset; after it, in the same hour: %d, limit %d", k, before, admitted, limit)
-	if admitted > limit {
-		t.Fatalf("after the admin reset the hour admitted %d at a limit of %d (%d units of a slice settled before the reset were given back within its second)", admitted, limit, k)
+	t.Logf("%d units given back before the settle; %d admitted before the reset; after it, in the same hour: %d, limit %d", k, before, g.admitted, settleLimit)
+	if g.admitted > settleLimit {
+		t.Fatalf("after the admin reset the hour admitted %d at a limit of %d (%d units of a slice settled before the reset were given back within its second)", g.admitted, settleLimit, k)
 	}
 }

@@ -1,6 +1,8 @@
 package limits_test
 
 import (
+	"github.com/redis/go-redis/v9"
+
 	"context"
 	"fmt"
 	"testing"
@@ -27,52 +29,19 @@ import (
 // are denied by their other rule and give their units back at C. Then
 // every instance spends what it can in the same hour.
 func TestLeaseSettledSliceGivesNothingBackAfterReset(t *testing.T) {
-	client, rs := realRedisStore(t)
-	prefix := fmt.Sprintf("rv%d", time.Now().UnixNano()%1_000_000)
-	const limit = 100
-	r := leasedRule("global", limits.FixedWindow, limit, time.Hour)
-	mk := func(inst string) *limits.Limiter {
-		l := limits.New(limits.Options{Store: rs, Prefix: prefix, Rules: []*limits.Rule{r}, Leaser: rs,
-			Lease: limits.LeaseOptions{SyncPrefetch: true, Instance: inst}})
-		l.NoDenyCache()
-		return l
-	}
-	lc, la := mk("c"), mk("a")
+	g := newSettleRig(t)
 	ctx := context.Background()
-	key := prefix + ":{global:}:" + limits.FixedWindow.Suffix()
-	lkey := limits.LeaseKey(key)
-	now := (time.Now().UnixMicro()/3_600_000_000+1)*3_600_000_000 + 1_000_000
-	admitted := 0
-	decide := func(l *limits.Limiter) bool {
-		t.Helper()
-		now += 1000
-		var d limits.Decision
-		if err := l.DecideAt(ctx, &limits.Request{}, &d, now); err != nil {
-			t.Fatal(err)
-		}
-		if d.Admitted {
-			admitted++
-		}
-		return d.Admitted
-	}
-	show := func(what string) {
-		t.Helper()
-		w, avail := lc.LeaseSlices(key, r, now)
-		cnt, _ := client.Get(ctx, key).Result()
-		t.Logf("%s: C holds %d slices, avail %d; record fields %v; count %q", what, len(w), avail,
-			client.HKeys(ctx, lkey).Val(), cnt)
-	}
 	// warm C's rate so that its slices grow
 	for i := 0; i < 4; i++ {
-		decide(lc)
+		g.decide(g.lc, 1)
 	}
-	show("warm")
-	h := lc.LeaseEntry(key, r, now)
+	g.show("warm")
+	h := g.lc.LeaseEntry(g.key, g.r, g.now)
 	// the requests in flight: every unit C holds now, spent, their other
 	// rule still to decide
 	var eps []uint64
 	for h.Avail() > 0 {
-		ep, ok := h.TrySpend(1, now)
+		ep, ok := h.TrySpend(1, g.now)
 		if !ok {
 			t.Fatal("cannot spend what C holds")
 		}
@@ -81,9 +50,9 @@ func TestLeaseSettledSliceGivesNothingBackAfterReset(t *testing.T) {
 	k := len(eps)
 	// C goes on: a new slice, the spent one dropped (sweep) and settled
 	// with the next take (a prefetch): stop as soon as its field is gone
-	inFlight := client.HKeys(ctx, lkey).Val()
+	inFlight := g.client.HKeys(ctx, limits.LeaseKey(g.key)).Val()
 	settled := func() bool {
-		for _, f := range client.HKeys(ctx, lkey).Val() {
+		for _, f := range g.client.HKeys(ctx, limits.LeaseKey(g.key)).Val() {
 			for _, g := range inFlight {
 				if f == g {
 					return false
@@ -94,33 +63,89 @@ func TestLeaseSettledSliceGivesNothingBackAfterReset(t *testing.T) {
 	}
 	// (a window's spent slice is settled a second after it was spent:
 	// C's clock moves 100 ms a request here)
-	for i := 0; i < limit && !settled(); i++ {
-		now += 100_000
-		decide(lc)
-		lc.SweepLeasesAt(ctx, now)
-		show("C goes on")
+	for i := 0; i < settleLimit && !settled(); i++ {
+		g.now += 100_000
+		g.decide(g.lc, 1)
+		g.lc.SweepLeasesAt(ctx, g.now)
+		g.show("C goes on")
 	}
 	if !settled() {
 		t.Fatal("the spent slices were never settled")
 	}
-	before := admitted
+	before := g.admitted
 	// the operator's unban through A
-	if _, _, err := la.ResetKey(ctx, r, &limits.Request{}); err != nil {
+	if _, _, err := g.la.ResetKey(ctx, g.r, &limits.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	show("after the reset")
+	g.show("after the reset")
 	// the k requests are denied by their other rule: their units come back
 	for _, ep := range eps {
-		h.GiveBack(1, ep, now)
+		h.GiveBack(1, ep, g.now)
 	}
-	show("after the give backs")
-	admitted = 0
-	for i := 0; i < 3*limit; i++ {
-		decide(lc)
-		decide(la)
+	g.show("after the give backs")
+	g.admitted = 0
+	for i := 0; i < 3*settleLimit; i++ {
+		g.decide(g.lc, 1)
+		g.decide(g.la, 1)
 	}
-	t.Logf("%d units in flight across the reset; %d admitted before it; after it, in the same hour: %d, limit %d", k, before, admitted, limit)
-	if admitted > limit {
-		t.Fatalf("after the admin reset the hour admitted %d at a limit of %d (%d units given back from a slice settled before the reset)", admitted, limit, k)
+	t.Logf("%d units in flight across the reset; %d admitted before it; after it, in the same hour: %d, limit %d", k, before, g.admitted, settleLimit)
+	if g.admitted > settleLimit {
+		t.Fatalf("after the admin reset the hour admitted %d at a limit of %d (%d units given back from a slice settled before the reset)", g.admitted, settleLimit, k)
 	}
+}
+
+// settleRig is two leased instances, C and A, on one real Redis, deciding
+// a global fixed_window rule of settleLimit an hour on a driven clock from
+// just after an hour's start: the setting of the lease settle tests.
+type settleRig struct {
+	t        *testing.T
+	client   *redis.Client
+	r        *limits.Rule
+	lc, la   *limits.Limiter
+	key      string
+	now      int64
+	admitted int
+}
+
+const settleLimit = 100
+
+func newSettleRig(t *testing.T) *settleRig {
+	client, rs := realRedisStore(t)
+	prefix := fmt.Sprintf("rs%d", time.Now().UnixNano()%1_000_000)
+	g := &settleRig{t: t, client: client, r: leasedRule("global", limits.FixedWindow, settleLimit, time.Hour),
+		key: prefix + ":{global:}:" + limits.FixedWindow.Suffix(),
+		now: (time.Now().UnixMicro()/3_600_000_000+1)*3_600_000_000 + 1_000_000}
+	mk := func(inst string) *limits.Limiter {
+		l := limits.New(limits.Options{Store: rs, Prefix: prefix, Rules: []*limits.Rule{g.r}, Leaser: rs,
+			Lease: limits.LeaseOptions{SyncPrefetch: true, Instance: inst}})
+		l.NoDenyCache()
+		return l
+	}
+	g.lc, g.la = mk("c"), mk("a")
+	return g
+}
+
+// decide has l decide one request of cost, 1 ms after the last, counting
+// the units admitted.
+func (g *settleRig) decide(l *limits.Limiter, cost int64) bool {
+	g.t.Helper()
+	g.now += 1000
+	var d limits.Decision
+	if err := l.DecideAt(context.Background(), &limits.Request{Cost: cost}, &d, g.now); err != nil {
+		g.t.Fatal(err)
+	}
+	if d.Admitted {
+		g.admitted += int(cost)
+	}
+	return d.Admitted
+}
+
+// show logs what C holds and what Redis has.
+func (g *settleRig) show(what string) {
+	g.t.Helper()
+	ctx := context.Background()
+	w, avail := g.lc.LeaseSlices(g.key, g.r, g.now)
+	cnt, _ := g.client.Get(ctx, g.key).Result()
+	g.t.Logf("%s: C holds %d slices, avail %d; record %v; count %q", what, len(w), avail,
+		g.client.HGetAll(ctx, limits.LeaseKey(g.key)).Val(), cnt)
 }

@@ -280,8 +280,12 @@ func stale(raw string, now time.Time) bool {
 	var p struct {
 		At int64 `json:"at"`
 	}
-	return json.Unmarshal([]byte(raw), &p) != nil || now.Unix()-p.At > int64(topKeep/time.Second)
+	return json.Unmarshal([]byte(raw), &p) != nil || outdated(p.At, now)
 }
+
+// outdated reports whether a summary published at (unix seconds) is past
+// topKeep.
+func outdated(at int64, now time.Time) bool { return now.Unix()-at > int64(topKeep/time.Second) }
 
 // RunPublisher publishes every TopPublishEvery until ctx ends; failed
 // publications are reported to failed.
@@ -395,7 +399,7 @@ func (t *Top) Query(ctx context.Context, rules []string, minutes, n int) (TopVie
 				continue // our live summary is fresher than what we published
 			}
 			var p published
-			if json.Unmarshal([]byte(raw), &p) != nil || stale(raw, now) {
+			if json.Unmarshal([]byte(raw), &p) != nil || outdated(p.At, now) {
 				continue
 			}
 			instances[inst] = true

@@ -52,6 +52,7 @@ type Manager struct {
 	bad      map[string]string   // rule → why its stored override is unreadable
 	gen      uint64              // bumped by every local override change
 	nextExp  time.Time           // earliest expiry of an active override
+	expiry   *time.Timer         // fires at nextExp: the override ends then, not at the next Sync
 
 	view atomic.Pointer[RulesView]
 
@@ -306,6 +307,32 @@ func (m *Manager) apply() {
 		m.metrics.SetRules(infos)
 	}
 	m.view.Store(view)
+	m.armExpiry()
+}
+
+// armExpiry sets the timer that ends the earliest override at its
+// ExpiresAt: Sync runs only every SyncEvery, and an override raising a
+// limit must not outlive its ttl by that long (identity overrides end on
+// every request's clock). m.mu is held.
+func (m *Manager) armExpiry() {
+	if m.expiry != nil {
+		m.expiry.Stop()
+		m.expiry = nil
+	}
+	if m.nextExp.IsZero() {
+		return
+	}
+	m.expiry = time.AfterFunc(max(m.nextExp.Sub(m.now()), 0), func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if !m.nextExp.IsZero() && !m.now().Before(m.nextExp) {
+			m.apply()
+		} else {
+			// early on the wall clock (the timer runs on the
+			// monotonic one), or moved: wait again
+			m.armExpiry()
+		}
+	})
 }
 
 // OverrideCount returns how many runtime overrides are in force.

@@ -126,9 +126,13 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.badRequest(ctx, o.body, limits.RejectDuplicateHeader, start)
 		return
 	}
+	var rules limits.RuleSet
 	if h.headers != nil {
+		// One load for the check and the decision: a reload between two
+		// would decide the request by rules whose headers were not checked.
+		rules = h.headers.RuleSet()
 		named := hdr.Peek(repeatedHeader)
-		for _, name := range h.headers.RuleHeaders() {
+		for _, name := range rules.Headers() {
 			if repeated(hdr, name, named) {
 				// NGINX passes every copy on, and the application may take
 				// another than the first, which a rule would count.
@@ -149,6 +153,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		Headers:    hdr,
 		Cost:       cost,
 		Addr:       addr,
+		RuleSet:    rules,
 	}
 
 	s.ctx.start(start, h.timeout)

@@ -113,8 +113,10 @@ type Decider interface {
 // HeaderReader is a Decider whose rules read request headers of their own
 // (a header key dimension, a match on a header); *limits.Limiter is one.
 // The handler refuses a request that sends one of them more than once.
+// The request is checked against, and decided by, one rule set: the one
+// RuleSet returns, passed on in limits.Request.RuleSet.
 type HeaderReader interface {
-	RuleHeaders() []string
+	RuleSet() limits.RuleSet
 }
 
 // Pinger is the store as /readyz sees it; *limits.Limiter implements it.

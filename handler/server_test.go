@@ -143,7 +143,7 @@ func (p pinnedClock) Decide(ctx context.Context, req *limits.Request, d *limits.
 
 // RuleHeaders passes the limiter's on: a pinned limiter refuses what the
 // limiter itself would.
-func (p pinnedClock) RuleHeaders() []string { return p.l.RuleHeaders() }
+func (p pinnedClock) RuleSet() limits.RuleSet { return p.l.RuleSet() }
 
 func pinnedNow() int64 {
 	hour := (time.Now().Unix()/3600 + 2) * 3600

@@ -195,9 +195,9 @@ type Options struct {
 type Limiter struct {
 	store  Store
 	prefix string
-	rules  atomic.Pointer[[]*Rule]
-	// headers are the request headers the rules read (RuleHeaders).
-	headers atomic.Pointer[[]string]
+	// set is the rules in force with the request headers they read
+	// (RuleHeaders), swapped as one.
+	set     atomic.Pointer[ruleSet]
 	breaker *Breaker
 
 	fallback Store
@@ -241,15 +241,51 @@ func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
 	return New(Options{Store: store, Prefix: prefix, Rules: rules})
 }
 
+// ruleSet is a rule set and the request headers its rules read.
+type ruleSet struct {
+	rules   []*Rule
+	headers []string
+}
+
+// RuleSet is the rule set in force at one moment. A caller that checks a
+// request against the headers its rules read (Headers) before it calls
+// Decide passes it on in Request.RuleSet, so that the request is decided
+// by the rules it was checked for: read apart, a reload between the two
+// reads would decide it by rules whose headers were never checked. The
+// zero RuleSet means the rules in force when Decide runs.
+type RuleSet struct {
+	set *ruleSet
+	gen uint64 // the deny cache's generation, read before set (see decide)
+}
+
+// Headers returns the canonical names of the request headers the set's
+// rules read (RuleHeaders). Callers must not modify it.
+func (rs RuleSet) Headers() []string {
+	if rs.set == nil {
+		return nil
+	}
+	return rs.set.headers
+}
+
+// RuleSet returns the rule set in force.
+func (l *Limiter) RuleSet() RuleSet {
+	var gen uint64
+	if l.deny != nil {
+		// Read before the rules: SetRules stores the rules, then Clear
+		// bumps the generation, so a decision that saw the old rules
+		// carries an old generation and cannot cache what they decided.
+		gen = l.deny.gen.Load()
+	}
+	return RuleSet{set: l.set.Load(), gen: gen}
+}
+
 // SetRules replaces the rule set. The slice must not be modified afterwards.
 // Cached denials were computed under the old rules, so they are dropped.
 func (l *Limiter) SetRules(rules []*Rule) {
 	if rules == nil {
 		rules = []*Rule{}
 	}
-	headers := ruleHeaders(rules)
-	l.headers.Store(&headers)
-	l.rules.Store(&rules)
+	l.set.Store(&ruleSet{rules: rules, headers: ruleHeaders(rules)})
 	if l.deny != nil {
 		l.deny.Clear() // after the store: see decide
 	}
@@ -264,7 +300,7 @@ func (l *Limiter) SetRules(rules []*Rule) {
 // value to a rule: the handler refuses a request that sends one of them
 // twice, since the application behind NGINX, which gets every copy, may
 // take another than the one the rule counted. Callers must not modify it.
-func (l *Limiter) RuleHeaders() []string { return *l.headers.Load() }
+func (l *Limiter) RuleHeaders() []string { return l.set.Load().headers }
 
 // ruleHeaders lists the headers rules read, each once.
 func ruleHeaders(rules []*Rule) []string {
@@ -298,7 +334,7 @@ func (l *Limiter) SetLocalShare(n int) { l.share.Store(int64(max(n, 1))) }
 func (l *Limiter) FailureMode() FailureMode { return FailureMode(l.mode.Load()) }
 
 // Rules returns the current rule set. Callers must not modify it.
-func (l *Limiter) Rules() []*Rule { return *l.rules.Load() }
+func (l *Limiter) Rules() []*Rule { return l.set.Load().rules }
 
 // Rule returns the rule in force called name, or nil.
 func (l *Limiter) Rule(name string) *Rule {
@@ -339,14 +375,11 @@ func (l *Limiter) DecideAt(ctx context.Context, req *Request, d *Decision, nowUS
 
 func (l *Limiter) decide(ctx context.Context, req *Request, d *Decision, nowUS int64) error {
 	dc := l.deny
-	var gen uint64
-	if dc != nil {
-		// Read before the rules: SetRules stores the rules, then Clear bumps
-		// the generation, so a decision that saw the old rules carries an
-		// old generation and cannot cache what they decided.
-		gen = dc.gen.Load()
+	rs := req.RuleSet
+	if rs.set == nil {
+		rs = l.RuleSet()
 	}
-	rules := *l.rules.Load()
+	gen, rules := rs.gen, rs.set.rules
 	d.Admitted = true
 	d.Denier = -1
 	d.Local, d.Fallback, d.Undecided, d.Err = false, FallbackNone, false, nil

@@ -180,6 +180,9 @@ type Request struct {
 	// Addr is the client address IP was derived from, for the ip ranges of
 	// a rule's exceptions; the zero Addr matches no range.
 	Addr netip.Addr
+	// RuleSet, when set (Limiter.RuleSet), is the rule set the request
+	// was checked for and is decided by; zero: the rules in force.
+	RuleSet RuleSet
 }
 
 // matchesPath reports whether route meets the path condition (any route

@@ -173,6 +173,7 @@ func (a *App) needRestart(prev, next *config.Config) []string {
 	diff("redis.password", pr.Password, nr.Password)
 	diff("redis.key_prefix", pr.KeyPrefix, nr.KeyPrefix)
 	diff("redis.timeout", pr.Timeout, nr.Timeout)
+	diff("redis.functions", pr.Functions, nr.Functions)
 	pc, nc := pr.Coalesce, nr.Coalesce
 	diff("redis.coalesce.enabled", pc.Enabled, nc.Enabled)
 	diff("redis.coalesce.pipelines", pc.Pipelines, nc.Pipelines)

@@ -379,7 +379,17 @@ func (a *App) goBG(f func(ctx context.Context)) {
 
 // Handler is the main listener's handler: /auth, /healthz, /readyz.
 func (a *App) Handler() fasthttp.RequestHandler {
-	return func(ctx *fasthttp.RequestCtx) { a.handler.Load().Serve(ctx) }
+	return func(ctx *fasthttp.RequestCtx) {
+		// The handler goes with the rules (Reload swaps both at once):
+		// deny_status and the identity settings are decided with the
+		// rules they were loaded with.
+		rs := a.limiter.RuleSet()
+		h, _ := rs.Aux().(*handler.Handler)
+		if h == nil {
+			h = a.handler.Load()
+		}
+		h.ServeWith(ctx, rs)
+	}
 }
 
 // AdminHandler is the admin listener's handler.

@@ -93,9 +93,20 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 		a.log.Warn().Str("config", a.opts.ConfigPath).Stringer("from", p).Stringer("to", n).
 			Msg("identity.path_parameters changed: a route that carries path parameters (;...) is another route now, so its counts start from zero")
 	}
+	idChanged := identityChanges(prev.Identity, next.Identity)
 	// Before the rules: their identity tables are built under it.
 	a.rules.Identities().SetIPv6Prefix(next.Identity.IPv6Prefix)
-	res.Added, res.Removed, res.Changed = a.rules.SetFile(next.Rules, next.Source)
+	if next.DenyStatus != prev.DenyStatus || len(idChanged) > 0 {
+		// A new decision handler, swapped in with the rules: a request
+		// sees the old rules with the old settings or the new with the new.
+		h := a.newHandler(next)
+		res.Added, res.Removed, res.Changed = a.rules.SetFileWith(next.Rules, next.Source, h)
+		a.handler.Store(h)
+		a.admin.SetIPv6Prefix(next.Identity.IPv6Prefix)
+		a.admin.SetPathParams(next.Identity.PathParams)
+	} else {
+		res.Added, res.Removed, res.Changed = a.rules.SetFile(next.Rules, next.Source)
+	}
 	if next.FailureMode != prev.FailureMode {
 		a.limiter.SetFailureMode(next.FailureMode)
 		res.Applied = append(res.Applied, "failure_mode")
@@ -121,13 +132,7 @@ func (a *App) Reload(trigger string) (admin.ReloadResult, error) {
 		a.rules.Identities().SetMax(next.IdentityOverrides.MaxEntries)
 		res.Applied = append(res.Applied, "identity_overrides.max_entries")
 	}
-	idChanged := identityChanges(prev.Identity, next.Identity)
 	res.Applied = append(res.Applied, idChanged...)
-	if next.DenyStatus != prev.DenyStatus || len(idChanged) > 0 {
-		a.handler.Store(a.newHandler(next))
-		a.admin.SetIPv6Prefix(next.Identity.IPv6Prefix)
-		a.admin.SetPathParams(next.Identity.PathParams)
-	}
 	a.cfg = next
 	a.metrics.Reloaded(true)
 

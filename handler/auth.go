@@ -33,7 +33,7 @@ var (
 )
 
 // auth answers one auth_request subrequest. It never reads a body.
-func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
+func (h *Handler) auth(ctx *fasthttp.RequestCtx, rules limits.RuleSet) {
 	// One clock read for the request: its latency and its decision's
 	// deadline both start here.
 	start := time.Now()
@@ -126,11 +126,12 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.badRequest(ctx, o.body, limits.RejectDuplicateHeader, start)
 		return
 	}
-	var rules limits.RuleSet
 	if h.headers != nil {
 		// One load for the check and the decision: a reload between two
 		// would decide the request by rules whose headers were not checked.
-		rules = h.headers.RuleSet()
+		if !rules.Valid() {
+			rules = h.headers.RuleSet()
+		}
 		named := hdr.Peek(repeatedHeader)
 		for _, name := range rules.Headers() {
 			if repeated(hdr, name, named) {

@@ -329,11 +329,17 @@ var (
 
 // Serve is the fasthttp handler of the main listener: /auth (any method),
 // /healthz, /readyz; anything else is 404.
-func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+func (h *Handler) Serve(ctx *fasthttp.RequestCtx) { h.ServeWith(ctx, limits.RuleSet{}) }
+
+// ServeWith is Serve deciding /auth by the rule set rs (limits.Limiter's
+// RuleSet): a caller that swaps handlers with the rules (a reload that
+// changes deny_status or an identity setting) picks the handler from the
+// same RuleSet. The zero RuleSet: the rules in force.
+func (h *Handler) ServeWith(ctx *fasthttp.RequestCtx, rs limits.RuleSet) {
 	defer h.survive(ctx)
 	switch string(ctx.Path()) {
 	case "/auth":
-		h.auth(ctx)
+		h.auth(ctx, rs)
 	case "/healthz":
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetBody(bodyOK)

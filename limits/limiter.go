@@ -245,6 +245,7 @@ func NewLimiter(store Store, prefix string, rules []*Rule) *Limiter {
 type ruleSet struct {
 	rules   []*Rule
 	headers []string
+	aux     any // SetRulesWith
 }
 
 // RuleSet is the rule set in force at one moment. A caller that checks a
@@ -267,6 +268,18 @@ func (rs RuleSet) Headers() []string {
 	return rs.set.headers
 }
 
+// Valid reports whether rs is a rule set (not the zero RuleSet).
+func (rs RuleSet) Valid() bool { return rs.set != nil }
+
+// Aux returns what SetRulesWith installed with the set's rules (nil for
+// none): what must change in the same swap as the rules.
+func (rs RuleSet) Aux() any {
+	if rs.set == nil {
+		return nil
+	}
+	return rs.set.aux
+}
+
 // RuleSet returns the rule set in force.
 func (l *Limiter) RuleSet() RuleSet {
 	var gen uint64
@@ -282,10 +295,22 @@ func (l *Limiter) RuleSet() RuleSet {
 // SetRules replaces the rule set. The slice must not be modified afterwards.
 // Cached denials were computed under the old rules, so they are dropped.
 func (l *Limiter) SetRules(rules []*Rule) {
+	var aux any
+	if cur := l.set.Load(); cur != nil {
+		aux = cur.aux
+	}
+	l.SetRulesWith(rules, aux)
+}
+
+// SetRulesWith is SetRules installing aux (RuleSet.Aux) in the same swap:
+// a caller whose own settings go with the rules (the decision handler's)
+// reads both from one RuleSet. SetRules keeps the aux in force. Callers
+// serialize SetRules and SetRulesWith.
+func (l *Limiter) SetRulesWith(rules []*Rule, aux any) {
 	if rules == nil {
 		rules = []*Rule{}
 	}
-	l.set.Store(&ruleSet{rules: rules, headers: ruleHeaders(rules)})
+	l.set.Store(&ruleSet{rules: rules, headers: ruleHeaders(rules), aux: aux})
 	if l.deny != nil {
 		l.deny.Clear() // after the store: see decide
 	}

@@ -58,6 +58,7 @@ type Manager struct {
 
 	adaptive adaptiveState // adaptive factors and their controllers (adaptive.go)
 	ids      *Identities   // identity overrides (identities_sync.go)
+	aux      any           // installed with the rules (SetFileWith)
 }
 
 // Observer receives what the manager does, for metrics; *metrics.Metrics
@@ -302,7 +303,7 @@ func (m *Manager) apply() {
 			view.Orphans[name] = o
 		}
 	}
-	m.limiter.SetRules(m.ids.Install(eff))
+	m.limiter.SetRulesWith(m.ids.Install(eff), m.aux)
 	if m.metrics != nil {
 		m.metrics.SetRules(infos)
 	}
@@ -416,6 +417,21 @@ func (m *Manager) DeleteOverride(ctx context.Context, name string) (RuleView, er
 func (m *Manager) SetFile(rules []*limits.Rule, source string) (added, removed, changed []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.setFile(rules, source)
+}
+
+// SetFileWith is SetFile that also installs aux with the rules, in the
+// same swap (limits.Limiter.SetRulesWith); every later change of the
+// rules keeps it.
+func (m *Manager) SetFileWith(rules []*limits.Rule, source string, aux any) (added, removed, changed []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.aux = aux
+	return m.setFile(rules, source)
+}
+
+// setFile is SetFile. m.mu is held.
+func (m *Manager) setFile(rules []*limits.Rule, source string) (added, removed, changed []string) {
 	added, removed, changed = diffRules(m.file, rules)
 	m.file = rules
 	m.source = source

@@ -408,8 +408,9 @@ const bigURI = 1 << 10
 // 80 bytes a field beyond its bytes, so many short fields under bigHead
 // pinned far more than a long one (2,700 empty fields, a 13.5 KB head: 283
 // KiB a connection, TestServerManyHeaderFieldsConnectionMemory). NGINX's
-// auth subrequest carries its own fields and the client's, a few dozen.
-const bigFields = 64
+// auth subrequest carries its own fields (up to 36 set by nginx-auth.conf)
+// and the client's, a few dozen: 128 leaves them room.
+const bigFields = 128
 
 // bigRequest reports whether a request's head makes its idle connection
 // pin more than an ordinary one (bigHead, bigURI, bigFields).

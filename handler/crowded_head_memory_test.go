@@ -80,7 +80,7 @@ func TestServerBigRequestLineConnectionMemory(t *testing.T) {
 // copies of it with the idle connection: 105 KiB a connection measured,
 // 840 MiB at DefaultMaxConns, past docs/failure.md's worst case (8,192 x
 // 72 KiB, some 580 MiB, plus 512 big heads, some 60 MiB) and the
-// Kubernetes Deployment's 768 MiB limit. Such heads come through NGINX
+// Kubernetes Deployment's memory limit then (768 MiB). Such heads come through NGINX
 // (the client's URI and headers).
 func TestServerHeadUnderBigHeadConnectionMemory(t *testing.T) {
 	if raceEnabled {

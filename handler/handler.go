@@ -350,7 +350,7 @@ func (h *Handler) ServeWith(ctx *fasthttp.RequestCtx, rs limits.RuleSet) {
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetBody(bodyNotFound)
 	}
-	if crowded(ctx.Conn()) && bigRequest(&ctx.Request.Header) {
+	if heavyRequest(&ctx.Request.Header) || (crowded(ctx.Conn()) && bigRequest(&ctx.Request.Header)) {
 		ctx.SetConnectionClose()
 	}
 }
@@ -380,17 +380,19 @@ var bodyPanic = []byte("internal error\n")
 // bigHead is the request head past which a connection closes after its
 // answer while the listener is crowded (crowdedConns). fasthttp keeps a
 // connection's parsed head (two copies of it, sized to the largest head
-// the connection carried) while it idles: 8,192 connections that each
-// carried a 60 KB head once held 1.7 GiB, against about 72 KiB each
-// otherwise (TestServerBigHeadConnectionMemory); with the close, at most
-// crowdedConns of them do (about 100 MiB). Below that, as NGINX's
+// the connection carried) while it idles: a head just under 16 KiB pinned
+// 104 KiB a connection, 840 MiB at DefaultMaxConns, against about 72 KiB
+// otherwise (TestServerBigHeadConnectionMemory,
+// TestServerHeadUnderBigHeadConnectionMemory); under 3 KiB a connection
+// pins at most 78 KiB, 630 MiB at the cap, and with the close at most
+// crowdedConns connections keep a bigger head. Below that, as NGINX's
 // keep-alive connections are, such connections stay open: a client can
 // send heads this large through NGINX (its client header buffers and the
 // copied URI), and a close per request would move NGINX to a new
 // connection per request (TIME_WAIT sockets on its side: measured 6% of
 // them, about 7,800 such requests a second to use up its ports to one
 // rategate, and then every subrequest fails).
-const bigHead = 16 << 10
+const bigHead = 3 << 10
 
 // bigURI is the request line's URI past which a connection closes after
 // its answer while the listener is crowded, as for bigHead: fasthttp keeps
@@ -420,6 +422,24 @@ func bigRequest(h *fasthttp.RequestHeader) bool {
 }
 
 var newline = []byte{'\n'}
+
+// heavyFields is the number of header fields past which a connection
+// closes after its answer, crowded or not: about 80 bytes a field stay
+// with the idle connection, so a 64 KiB head of 13,000 empty fields
+// pinned 1 MiB a connection (531 MiB for the connections below
+// crowdedConns, TestServerManyHeaderFieldsUncrowdedConnectionMemory),
+// where 1,000 fields pin 142 KiB, under a 60 KB head's 181 KiB. NGINX
+// refuses a client's request of about 1,000 fields or more (its header
+// buffers), so no subrequest it sends is closed by this.
+const heavyFields = 1000
+
+// heavyRequest reports whether a request carried more than heavyFields
+// header fields. Each takes at least 4 bytes ("a:\r\n"), so a shorter
+// head is not counted.
+func heavyRequest(h *fasthttp.RequestHeader) bool {
+	raw := h.RawHeaders()
+	return len(raw) > 4*heavyFields && bytes.Count(raw, newline) > heavyFields
+}
 
 // ready answers 200 when the store answers a ping within the timeout.
 func (h *Handler) ready(ctx *fasthttp.RequestCtx) {

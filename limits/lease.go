@@ -174,7 +174,8 @@ const (
 	// (windows) or burst (buckets), at least 1.
 	leaseSliceShare = 8
 	leaseShards     = 32
-	// leaseJobQueue bounds the returns waiting for the sweeper.
+	// leaseJobQueue bounds the returns waiting for the sweeper in its
+	// channel; those it has no room for wait in leaseTable.over.
 	leaseJobQueue = 4096
 	// leasePrefetches bounds the background takes in flight.
 	leasePrefetches = 64
@@ -222,6 +223,12 @@ type leaseTable struct {
 	seq      atomic.Uint64
 	closed   atomic.Bool
 	jobs     chan *leaseJob
+	// over holds the returns the channel had no room for, up to two per
+	// key the table may hold: one sweep, or one rule change, can end every
+	// entry at once, and a return dropped leaves its units counted until
+	// the window ends (idle identities refused before their limit).
+	overMu   sync.Mutex
+	over     []*leaseJob
 	prefetch chan struct{}
 	// bg counts the background takes in flight (ReturnLeases waits).
 	bg sync.WaitGroup
@@ -503,13 +510,45 @@ func unspentOf(j *leaseJob) int64 {
 	return n
 }
 
-// queue hands j to the sweeper; a full queue wastes it.
+// queue hands j to the sweeper; past the channel it waits in lt.over, and
+// only past that bound is it wasted.
 func (lt *leaseTable) queue(j *leaseJob) {
 	select {
 	case lt.jobs <- j:
+		return
 	default:
+	}
+	lt.overMu.Lock()
+	if len(lt.over) < 2*lt.opt.MaxKeys {
+		lt.over = append(lt.over, j)
+		j = nil
+	}
+	lt.overMu.Unlock()
+	if j != nil {
 		j.stats.wasted.Add(unspentOf(j))
 	}
+}
+
+// nextJob returns a queued return (the channel's first, then the
+// overflow's), or nil when none waits. more is the caller's share of the
+// overflow taken so far.
+func (lt *leaseTable) nextJob(more *[]*leaseJob) *leaseJob {
+	select {
+	case j := <-lt.jobs:
+		return j
+	default:
+	}
+	if len(*more) == 0 {
+		lt.overMu.Lock()
+		*more, lt.over = lt.over, nil
+		lt.overMu.Unlock()
+	}
+	if len(*more) == 0 {
+		return nil
+	}
+	j := (*more)[0]
+	*more = (*more)[1:]
+	return j
 }
 
 // clamp lowers avail to at most n and returns by how much.
@@ -1210,13 +1249,9 @@ func (lt *leaseTable) sweep(now int64) {
 // runJobs runs the queued returns (and, once more, those that failed at
 // the last run), each within Timeout.
 func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
-	var failed []*leaseJob
+	var failed, more []*leaseJob
 	for {
-		var j *leaseJob
-		select {
-		case j = <-lt.jobs:
-		default:
-		}
+		j := lt.nextJob(&more)
 		if j == nil {
 			break
 		}
@@ -1319,14 +1354,9 @@ func (l *Limiter) ReturnLeases(ctx context.Context, nowUS int64) int64 {
 		}
 		sh.mu.Unlock()
 	}
-	for {
-		select {
-		case j := <-lt.jobs:
-			jobs = append(jobs, j)
-			continue
-		default:
-		}
-		break
+	var more []*leaseJob
+	for j := lt.nextJob(&more); j != nil; j = lt.nextJob(&more) {
+		jobs = append(jobs, j)
 	}
 	var back int64
 	for _, j := range jobs {

@@ -179,6 +179,10 @@ const (
 	leaseJobQueue = 4096
 	// leasePrefetches bounds the background takes in flight.
 	leasePrefetches = 64
+	// leaseReturnRetry: a return the store fails is tried again at every
+	// sweep for this long (a return runs at most once per slice, so trying
+	// again is safe), then its units are wasted.
+	leaseReturnRetry = time.Minute
 	// leaseMaxStatsRules bounds the rule names with stats of their own.
 	leaseMaxStatsRules = 1000
 )
@@ -312,7 +316,8 @@ type leaseJob struct {
 	check  Check
 	slices []SliceReturn
 	stats  *leaseRuleStats
-	tries  int
+	// failedAt is the leases' clock at its first failed try (0: none).
+	failedAt int64
 }
 
 func newLeaseTable(store Leaser, opt LeaseOptions) *leaseTable {
@@ -1246,8 +1251,10 @@ func (lt *leaseTable) sweep(now int64) {
 	}
 }
 
-// runJobs runs the queued returns (and, once more, those that failed at
-// the last run), each within Timeout.
+// runJobs runs the queued returns, each within Timeout; those the store
+// fails wait for the next run, for leaseReturnRetry at most: an outage
+// (a Redis restart) would otherwise leave a slice given back meanwhile
+// counted until its window ends.
 func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
 	var failed, more []*leaseJob
 	for {
@@ -1256,7 +1263,11 @@ func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
 			break
 		}
 		if !lt.runJob(ctx, l, j, nowUS) {
-			if j.tries++; j.tries < 2 && ctx.Err() == nil {
+			now := lt.clock(nowUS)
+			if j.failedAt == 0 {
+				j.failedAt = now
+			}
+			if ctx.Err() == nil && now-j.failedAt < PeriodUS(leaseReturnRetry) {
 				failed = append(failed, j)
 			} else {
 				j.stats.wasted.Add(unspentOf(j))

@@ -1254,15 +1254,24 @@ func (lt *leaseTable) sweep(now int64) {
 // runJobs runs the queued returns, each within Timeout; those the store
 // fails wait for the next run, for leaseReturnRetry at most: an outage
 // (a Redis restart) would otherwise leave a slice given back meanwhile
-// counted until its window ends.
+// counted until its window ends. Once one fails, the rest of the run
+// waits for the next one untried, queued ahead of what failed: while
+// Redis is down a run costs one Timeout, not one per return, and a
+// return that fails alone does not hold the others back.
 func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
-	var failed, more []*leaseJob
+	var failed, later, more []*leaseJob
+	down := false
 	for {
 		j := lt.nextJob(&more)
 		if j == nil {
 			break
 		}
+		if down {
+			later = append(later, j)
+			continue
+		}
 		if !lt.runJob(ctx, l, j, nowUS) {
+			down = true
 			now := lt.clock(nowUS)
 			if j.failedAt == 0 {
 				j.failedAt = now
@@ -1273,6 +1282,9 @@ func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
 				j.stats.wasted.Add(unspentOf(j))
 			}
 		}
+	}
+	for _, j := range later {
+		lt.queue(j)
 	}
 	for _, j := range failed {
 		lt.queue(j)

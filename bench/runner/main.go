@@ -51,6 +51,8 @@ type scenario struct {
 	Prefix string `json:"prefix"`
 	// Users is the number of identities; 0 means BENCH_USERS.
 	Users int `json:"users"`
+	// Connections is wrk's connections; 0 means BENCH_CONNECTIONS.
+	Connections int `json:"connections,omitempty"`
 	// Target is the ratio rategate/floor to reach, 0 for none.
 	Target float64 `json:"target,omitempty"`
 	// Quiet runs through nginx/nginx-quiet.conf, with rategate on
@@ -133,6 +135,8 @@ var scenarios = []scenario{
 		Description: "sliding_window 1000/min per user, 10k users, all allowed, through NGINX: the floor, rategate, and bench/minimal on the same rule"},
 	{Name: "vs-minimal-direct", Via: "direct", Prefix: "/sw/", Target: 0.65, Arms: []arm{floorArm, rategateArm, minimalArm},
 		Description: "the same straight to /auth"},
+	{Name: "vs-minimal-few", Via: "direct", Prefix: "/sw/", Connections: 8, Arms: []arm{floorArm, rategateArm, minimalArm},
+		Description: "the same straight to /auth over 8 connections: a light closed loop, where Redis and the CPUs have room and a decision's latency sets the rate"},
 	{Name: "vs-minimal-multi", Via: "direct", Prefix: "/swm/",
 		Arms:        []arm{floorArm, rategateArm, {Name: "rategate-1rule", Auth: "rategate", Prefix: "/sw/"}},
 		Description: "the same load straight to /auth, rategate deciding three sliding_window rules (user + route + global) in one script; rategate-1rule: the user rule alone"},

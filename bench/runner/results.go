@@ -548,6 +548,7 @@ var goals = []goal{
 	{"Redis CPU per decision, 3 rules ÷ 1 rule (rategate)", "vs-minimal-multi", "rategate", "rategate-1rule", "redis_us", 1.5, true},
 	{"throughput, rategate ÷ minimal, direct", "vs-minimal-direct", "rategate", "minimal", "rps", 1.1, false},
 	{"throughput, rategate ÷ minimal, behind NGINX", "vs-minimal", "rategate", "minimal", "rps", 1.1, false},
+	{"throughput, rategate ÷ minimal, direct over 8 connections", "vs-minimal-few", "rategate", "minimal", "rps", 1.1, false},
 	{"own CPU per decision, rategate ÷ minimal, direct", "vs-minimal-direct", "rategate", "minimal", "auth_us", 1.0, true},
 	{"own CPU per decision, rategate ÷ minimal, behind NGINX", "vs-minimal", "rategate", "minimal", "auth_us", 1.0, true},
 }

@@ -461,7 +461,11 @@ func (st *stack) runScenario(ctx context.Context, cfg settings, sc scenario) (sc
 			}
 			prefix := sc.prefix(a)
 			load := func(ctx context.Context) (loadResult, error) {
-				out, cpu, err := runTimed(ctx, "wrk", wrkArgs(cfg.Threads, cfg.Connections, cfg.Duration, st.script, tg.url, sc.Via, prefix, sc.Users)...)
+				conns := cfg.Connections
+				if sc.Connections > 0 {
+					conns = sc.Connections
+				}
+				out, cpu, err := runTimed(ctx, "wrk", wrkArgs(cfg.Threads, max(conns, cfg.Threads), cfg.Duration, st.script, tg.url, sc.Via, prefix, sc.Users)...)
 				if err != nil {
 					return loadResult{}, err
 				}

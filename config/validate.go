@@ -52,7 +52,7 @@ const (
 	defaultMaxCost      = 100
 	defaultPipelines    = 2
 	defaultOverlapAfter = time.Millisecond
-	// defaultWait: a runner under load lingers this long for more
+	// defaultWait: a runner under load lingers up to this long for more
 	// decisions (bench/README.md, "Lingering under load").
 	defaultWait      = 50 * time.Microsecond
 	defaultDenyCache = 100_000

@@ -36,11 +36,15 @@ import (
 // runners are busy the queue fills, so the batch grows with the load by
 // itself: an idle service sends each decision at once, alone, and a busy
 // one sends as many as arrived during the last round trip. Wait, when set,
-// makes a runner that found fewer than MaxBatch calls linger that long for
-// more before it sends, while the batches show load (two decisions or
-// more on average): a round trip then carries more decisions, and Redis
-// and rategate pay less per decision, for at most Wait more on each; an
-// idle service still sends each decision at once.
+// makes a runner that found fewer calls than its recent pipelines carried
+// linger for more, at most that long, while the batches show load (two
+// decisions or more on average): a round trip then carries more
+// decisions, and Redis and rategate pay less per decision, for at most
+// Wait more on each. The linger ends as soon as the batch is as full as
+// the recent ones: with few callers in a closed loop (each waits for its
+// answer before it asks again) the calls that can come have come well
+// before Wait, and the rest of it would only be idle time on every
+// decision. An idle service still sends each decision at once.
 //
 // One pipeline at a time, while it is quick: once batches carry two
 // decisions or more, a runner sends while another pipeline is in flight
@@ -80,10 +84,11 @@ type CoalesceOptions struct {
 	// MaxBatch is the most decisions one pipeline carries. Default
 	// DefaultMaxBatch.
 	MaxBatch int
-	// Wait is how long a runner that found fewer than MaxBatch decisions
-	// waits for more before sending, under load only: while the last
-	// batches carried two decisions or more on average (an idle service
-	// sends each decision at once). 0: send what is there. The zero value
+	// Wait is how long, at most, a runner that found fewer decisions than
+	// its recent pipelines carried waits for more before sending, under
+	// load only: while the last batches carried two decisions or more on
+	// average (an idle service sends each decision at once). 0: send what
+	// is there. The zero value
 	// of CoalesceOptions means 0; config's default is 50µs, or less where
 	// redis.timeout and overlap_after leave less (config/validate.go).
 	Wait time.Duration
@@ -296,6 +301,15 @@ type coalescer struct {
 	// batchMean is the mean size of the last batches taken (a moving
 	// average, guarded by mu).
 	batchMean float64
+	// sentMean is the mean size of the last pipelines sent, lingers
+	// included (a moving average, guarded by mu): how full a lingering
+	// runner waits for its batch to be.
+	sentMean float64
+	// want, while a runner lingers, is how many queued calls end its
+	// linger (0: none lingers; guarded by mu); enqueue then signals
+	// filled.
+	want   int
+	filled chan struct{}
 	// landed wakes a runner held back by overlapWait: a pipeline came
 	// back, or a full batch is queued. (With more than two runners, others
 	// held back look again when their timer fires.)
@@ -356,6 +370,8 @@ func newCoalescer(parent context.Context, client pipeliner, script *redis.Script
 		// as if the last batches were single calls: no holding back
 		// until the load shows that batches grow
 		batchMean: 1,
+		sentMean:  1,
+		filled:    make(chan struct{}, 1),
 		landed:    make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}
@@ -386,10 +402,20 @@ func (c *coalescer) enqueue(call *scriptCall) bool {
 	}
 	c.queue = append(c.queue, call)
 	full := len(c.queue) == c.opt.MaxBatch
+	filled := c.want > 0 && len(c.queue) >= c.want
+	if filled {
+		c.want = 0
+	}
 	c.mu.Unlock()
 	select {
 	case c.ready <- struct{}{}:
 	default:
+	}
+	if filled {
+		select {
+		case c.filled <- struct{}{}:
+		default:
+		}
 	}
 	if full {
 		c.wake()
@@ -490,35 +516,61 @@ func (c *coalescer) run(i int) {
 		if batch, ok = c.takeWhenFree(i, hold, batch[:0]); !ok {
 			return
 		}
-		if linger != nil && len(batch) > 0 && len(batch) < c.opt.MaxBatch && c.busy() {
+		if linger != nil && len(batch) > 0 && len(batch) < c.opt.MaxBatch && c.lingerFor(len(batch)) {
 			linger.Reset(c.opt.Wait)
 			select {
 			case <-linger.C:
+			case <-c.filled:
+				linger.Stop()
 			case <-c.stop:
 				linger.Stop()
 			}
-			batch = c.take(i, batch)
+			c.mu.Lock()
+			c.want = 0
+			batch = c.takeLocked(i, batch)
 		}
 		if len(batch) == 0 {
 			continue
 		}
+		n := len(batch)
 		cmds = c.send(pipe, batch, cmds[:0], &many)
 		clear(batch)
 		clear(cmds)
 		c.mu.Lock()
 		c.flying[i] = time.Time{}
+		c.sentMean += (float64(n) - c.sentMean) / 8
 		c.mu.Unlock()
 		c.wake()
 	}
 }
 
-// busy reports whether the last batches carried two decisions or more on
-// average: decisions arrive faster than round trips, and a runner that
-// lingers (Wait) gathers more of them per round trip.
-func (c *coalescer) busy() bool {
+// lingerFor reports whether a runner holding a batch of n calls lingers
+// for more (Wait), and if so arms filled for when the queue holds what it
+// lacks: only while the last batches carried two decisions or more on
+// average (decisions arrive faster than round trips, so a linger gathers
+// more of them per round trip), and only until the batch is as full as
+// the recent pipelines (sentMean).
+func (c *coalescer) lingerFor(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.batchMean >= 2
+	need := int(c.sentMean+0.5) - n
+	if c.batchMean < 2 || need <= 0 {
+		return false
+	}
+	// a signal left from a linger that ended on its timer is stale
+	select {
+	case <-c.filled:
+	default:
+	}
+	if len(c.queue) >= need {
+		select { // already there: take them at once
+		case c.filled <- struct{}{}:
+		default: // an enqueue just signalled
+		}
+		return true
+	}
+	c.want = need
+	return true
 }
 
 // take moves queued calls into runner i's batch, up to MaxBatch in all,

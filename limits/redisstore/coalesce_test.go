@@ -185,7 +185,7 @@ func decideLater(ctx context.Context, store *Store, errs chan<- error) func(key 
 // service (mean batch n), so that the hold-back engages at once.
 func primeBatches(c *coalescer, n float64) {
 	c.mu.Lock()
-	c.batchMean = n
+	c.batchMean, c.sentMean = n, n
 	c.mu.Unlock()
 }
 
@@ -531,5 +531,38 @@ func TestCoalescedWaitUnderLoadOnly(t *testing.T) {
 	}
 	if n := co.pipelines.Load() - before; n != 1 {
 		t.Fatalf("three decisions during a linger went in %d pipelines, want 1", n)
+	}
+}
+
+// TestCoalescedLingerEndsWhenFull: a lingering runner sends as soon as its
+// batch is as full as its recent pipelines were, not at the end of Wait:
+// with few callers in a closed loop the rest of Wait would be idle time
+// on every decision. Fewer calls than that still wait out Wait
+// (TestCoalescedWaitUnderLoadOnly).
+func TestCoalescedLingerEndsWhenFull(t *testing.T) {
+	const wait = 2 * time.Second
+	_, _, store := controlledStore(t, CoalesceOptions{Pipelines: 1, Wait: wait})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	co := store.co
+	primeBatches(co, 3) // the last pipelines carried three decisions
+	before, taken := co.pipelines.Load(), co.taken.Load()
+	errs := make(chan error, 3)
+	decide := decideLater(ctx, store, errs)
+	start := time.Now()
+	decide("lf:{a}")
+	waitTaken(t, co, taken+1) // the runner holds the first while it lingers
+	decide("lf:{b}")
+	decide("lf:{c}")
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took >= wait/2 {
+		t.Fatalf("three decisions, as many as the recent pipelines carried, were answered after %v: the runner lingered on for Wait (%v)", took, wait)
+	}
+	if n := co.pipelines.Load() - before; n != 1 {
+		t.Fatalf("three decisions gathered by a linger went in %d pipelines, want 1", n)
 	}
 }

@@ -2,8 +2,6 @@ package app
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +10,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -35,22 +32,7 @@ rules:
     period: 1h
 `
 	open := head + "rules: []\n"
-	path := filepath.Join(t.TempDir(), "rategate.yaml")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(strict)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
+	a, write := fileApp(t, strict, zerolog.Nop())
 	h := a.Handler()
 	ask := func(ctx *fasthttp.RequestCtx) int {
 		ctx.Request.Reset()

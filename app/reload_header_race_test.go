@@ -2,8 +2,6 @@ package app
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +11,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/rategate/rategate/config"
 	"github.com/rategate/rategate/internal/testredis"
 )
 
@@ -35,22 +32,7 @@ func TestReloadDuplicateHeaderCheckedUnderTheRulesThatDecide(t *testing.T) {
     period: 1h
 `
 	without := head + "rules: []\n"
-	path := filepath.Join(t.TempDir(), "rategate.yaml")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(without)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, Options{Log: zerolog.Nop(), ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
+	a, write := fileApp(t, without, zerolog.Nop())
 	h := a.Handler()
 
 	var stop atomic.Bool

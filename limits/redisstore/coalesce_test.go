@@ -513,25 +513,36 @@ func TestCoalescedWaitUnderLoadOnly(t *testing.T) {
 	}
 
 	primeBatches(co, 8) // busy
+	took, n := lingerThree(ctx, t, store, "wl")
+	if took < wait*3/4 {
+		t.Fatalf("a busy store answered after %v, want it to have lingered about Wait (%v)", took, wait)
+	}
+	if n != 1 {
+		t.Fatalf("three decisions during a linger went in %d pipelines, want 1", n)
+	}
+}
+
+// lingerThree makes three decisions on a store with one runner: one, and
+// two more once the runner holds the first (lingering, when it does). It
+// returns how long the three took to be answered and in how many
+// pipelines they went.
+func lingerThree(ctx context.Context, t *testing.T, store *Store, prefix string) (time.Duration, uint64) {
+	t.Helper()
+	co := store.co
 	before, taken := co.pipelines.Load(), co.taken.Load()
 	errs := make(chan error, 3)
 	decide := decideLater(ctx, store, errs)
-	start = time.Now()
-	decide("wl:{a}")
+	start := time.Now()
+	decide(prefix + ":{a}")
 	waitTaken(t, co, taken+1) // the runner holds the first while it lingers
-	decide("wl:{b}")
-	decide("wl:{c}")
+	decide(prefix + ":{b}")
+	decide(prefix + ":{c}")
 	for range 3 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if took := time.Since(start); took < wait*3/4 {
-		t.Fatalf("a busy store answered after %v, want it to have lingered about Wait (%v)", took, wait)
-	}
-	if n := co.pipelines.Load() - before; n != 1 {
-		t.Fatalf("three decisions during a linger went in %d pipelines, want 1", n)
-	}
+	return time.Since(start), co.pipelines.Load() - before
 }
 
 // TestCoalescedLingerEndsWhenFull: a lingering runner sends as soon as its
@@ -544,25 +555,12 @@ func TestCoalescedLingerEndsWhenFull(t *testing.T) {
 	_, _, store := controlledStore(t, CoalesceOptions{Pipelines: 1, Wait: wait})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	co := store.co
-	primeBatches(co, 3) // the last pipelines carried three decisions
-	before, taken := co.pipelines.Load(), co.taken.Load()
-	errs := make(chan error, 3)
-	decide := decideLater(ctx, store, errs)
-	start := time.Now()
-	decide("lf:{a}")
-	waitTaken(t, co, taken+1) // the runner holds the first while it lingers
-	decide("lf:{b}")
-	decide("lf:{c}")
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	if took := time.Since(start); took >= wait/2 {
+	primeBatches(store.co, 3) // the last pipelines carried three decisions
+	took, n := lingerThree(ctx, t, store, "lf")
+	if took >= wait/2 {
 		t.Fatalf("three decisions, as many as the recent pipelines carried, were answered after %v: the runner lingered on for Wait (%v)", took, wait)
 	}
-	if n := co.pipelines.Load() - before; n != 1 {
+	if n != 1 {
 		t.Fatalf("three decisions gathered by a linger went in %d pipelines, want 1", n)
 	}
 }

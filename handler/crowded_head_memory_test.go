@@ -202,3 +202,34 @@ func TestServerTrailerListUncrowdedConnectionMemory(t *testing.T) {
 	t.Logf("a %d-byte head, one Trailer field listing names, listener not crowded: %.1f KiB per connection", b.Len(), float64(per)/1024)
 	check(t, per < 200<<10, "a connection after a Trailer field of many names pins %d bytes, want under 200 KiB (a 60 KB head's 181 KiB, docs/failure.md)", per)
 }
+
+// TestServerHeadUnderEveryCrowdedLimitConnectionMemory: on a crowded
+// listener a connection stays open after a request under all three
+// limits (a URI of at most bigURI, a head of at most bigHead, at most
+// bigFields fields), and docs/failure.md, the Kubernetes Deployment's
+// memory limit and bigHead's comment count such a connection at 78 KiB
+// ("under 3 KiB a connection pins at most 78 KiB, 630 MiB at the cap").
+// The three add up: a 1 KiB URI and a 3 KiB head of 120 fields pinned
+// 89 KiB a connection, 712 MiB at DefaultMaxConns before the 512 bigger
+// heads (some 100 MiB) and the fallback store (45 MiB), past the
+// Deployment's GOMEMLIMIT (760MiB) and close to its limit (896 MiB).
+func TestServerHeadUnderEveryCrowdedLimitConnectionMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("heap sizes differ under the race detector")
+	}
+	line := "GET /auth?" + strings.Repeat("q", bigURI-len("/auth?")) + " HTTP/1.1\r\n"
+	var b strings.Builder
+	b.WriteString("Host: x\r\nX-Original-URI: /\r\nX-Real-IP: 192.0.2.1\r\n")
+	for i := 0; i < bigFields-8; i++ {
+		b.WriteString("a" + strconv.Itoa(i) + ":\r\n")
+	}
+	b.WriteString("X-Pad: ")
+	b.WriteString(strings.Repeat("p", bigHead-b.Len()-len("\r\n\r\n")))
+	b.WriteString("\r\n\r\n")
+	req := line + b.String()
+	per, closed := crowdedHeap(t, req, 100)
+	t.Logf("URI %d bytes, head %d bytes, %d fields, listener crowded: %.1f KiB per connection, %d of 100 closed",
+		bigURI, b.Len(), strings.Count(b.String(), "\n")-1, float64(per)/1024, closed)
+	check(t, closed == 0, "%d of 100 connections closed: the request must be under every limit", closed)
+	check(t, per < DefaultReadBufferSize+16<<10, "a connection after a request under every crowded-listener limit pins %d bytes, want at most the read buffer and 16 KiB (about 78 KiB, docs/failure.md)", per)
+}

@@ -383,8 +383,10 @@ var bodyPanic = []byte("internal error\n")
 // the connection carried) while it idles: a head just under 16 KiB pinned
 // 104 KiB a connection, 840 MiB at DefaultMaxConns, against about 72 KiB
 // otherwise (TestServerBigHeadConnectionMemory,
-// TestServerHeadUnderBigHeadConnectionMemory); under 3 KiB a connection
-// pins at most 78 KiB, 630 MiB at the cap, and with the close at most
+// TestServerHeadUnderBigHeadConnectionMemory); under 3 KiB (and bigURI
+// and bigFields) a connection pins at most about 90 KiB, 720 MiB at the
+// cap (TestServerHeadUnderEveryCrowdedLimitConnectionMemory), and with
+// the close at most
 // crowdedConns connections keep a bigger head. Below that, as NGINX's
 // keep-alive connections are, such connections stay open: a client can
 // send heads this large through NGINX (its client header buffers and the

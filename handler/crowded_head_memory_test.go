@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // crowdedHeap sends n requests req, each on a connection of its own that
@@ -232,4 +234,21 @@ func TestServerHeadUnderEveryCrowdedLimitConnectionMemory(t *testing.T) {
 		bigURI, b.Len(), strings.Count(b.String(), "\n")-1, float64(per)/1024, closed)
 	check(t, closed == 0, "%d of 100 connections closed: the request must be under every limit", closed)
 	check(t, per < DefaultReadBufferSize+26<<10, "a connection after a request under every crowded-listener limit pins %d bytes, want at most the read buffer and 26 KiB (about 90 KiB, docs/failure.md)", per)
+}
+
+// TestHeavyRequestCountsBareLineFeeds: fasthttp takes header lines ended
+// by a bare line feed, three bytes a field ("a:\n"), so 1,100 such fields
+// fit in a 3,400-byte head; they must count as the 1,100 fields they are.
+func TestHeavyRequestCountsBareLineFeeds(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("GET /auth HTTP/1.1\r\nHost: x\r\n")
+	for range heavyFields + 99 {
+		b.WriteString("a:\n")
+	}
+	b.WriteString("a:\r\n\r\n") // the head's end wants CRLF
+	var h fasthttp.RequestHeader
+	noErr(t, h.Read(bufio.NewReader(strings.NewReader(b.String()))))
+	check(t, h.Len() > heavyFields, "fasthttp parsed %d header fields, want the %d sent", h.Len(), heavyFields+101)
+	check(t, len(h.RawHeaders()) < 4*heavyFields, "the head is %d bytes, want it under %d for this test", len(h.RawHeaders()), 4*heavyFields)
+	check(t, heavyRequest(&h), "a %d-byte head of %d bare-LF fields was not counted as heavy", len(h.RawHeaders()), heavyFields+100)
 }

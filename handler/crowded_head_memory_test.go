@@ -136,26 +136,7 @@ func TestServerManyHeaderFieldsUncrowdedConnectionMemory(t *testing.T) {
 		b.WriteString("a" + strconv.Itoa(i%10) + ":\r\n")
 	}
 	b.WriteString("\r\n")
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	const n = 50
-	before := settledHeap()
-	for range n {
-		c := dial(t, addr)
-		noErr(t, c.SetDeadline(time.Time{}))
-		_, err := io.WriteString(c, b.String())
-		noErr(t, err)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		noErr(t, err)
-		resp.Body.Close()
-		conns = append(conns, c)
-	}
-	time.Sleep(100 * time.Millisecond)
-	per := (settledHeap() - before) / n
+	per := uncrowdedHeap(t, addr, b.String())
 	t.Logf("a %d-byte head of empty header fields, listener not crowded: %.1f KiB per connection", b.Len(), float64(per)/1024)
 	check(t, per < 200<<10, "a connection after a head of many header fields pins %d bytes, want under 200 KiB (a 60 KB head's 181 KiB, docs/failure.md)", per)
 }
@@ -181,26 +162,7 @@ func TestServerTrailerListUncrowdedConnectionMemory(t *testing.T) {
 		b.WriteString(",a" + strconv.Itoa(i))
 	}
 	b.WriteString("\r\n\r\n")
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	const n = 50
-	before := settledHeap()
-	for range n {
-		c := dial(t, addr)
-		noErr(t, c.SetDeadline(time.Time{}))
-		_, err := io.WriteString(c, b.String())
-		noErr(t, err)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		noErr(t, err)
-		resp.Body.Close()
-		conns = append(conns, c)
-	}
-	time.Sleep(100 * time.Millisecond)
-	per := (settledHeap() - before) / n
+	per := uncrowdedHeap(t, addr, b.String())
 	t.Logf("a %d-byte head, one Trailer field listing names, listener not crowded: %.1f KiB per connection", b.Len(), float64(per)/1024)
 	check(t, per < 200<<10, "a connection after a Trailer field of many names pins %d bytes, want under 200 KiB (a 60 KB head's 181 KiB, docs/failure.md)", per)
 }
@@ -251,4 +213,31 @@ func TestHeavyRequestCountsBareLineFeeds(t *testing.T) {
 	check(t, h.Len() > heavyFields, "fasthttp parsed %d header fields, want the %d sent", h.Len(), heavyFields+101)
 	check(t, len(h.RawHeaders()) < 4*heavyFields, "the head is %d bytes, want it under %d for this test", len(h.RawHeaders()), 4*heavyFields)
 	check(t, heavyRequest(&h), "a %d-byte head of %d bare-LF fields was not counted as heavy", len(h.RawHeaders()), heavyFields+100)
+}
+
+// uncrowdedHeap sends req on 50 connections of their own, each left idle
+// after its answer, to the listener at addr (not crowded), and returns the
+// heap each connection pins.
+func uncrowdedHeap(t *testing.T, addr, req string) int64 {
+	t.Helper()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	const n = 50
+	before := settledHeap()
+	for range n {
+		c := dial(t, addr)
+		noErr(t, c.SetDeadline(time.Time{}))
+		_, err := io.WriteString(c, req)
+		noErr(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		noErr(t, err)
+		resp.Body.Close()
+		conns = append(conns, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	return (settledHeap() - before) / n
 }

@@ -7,6 +7,7 @@
 package procs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -66,6 +67,9 @@ func moduleRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// freePort is FreePort; a test makes it hand out a port in use.
+var freePort = FreePort
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) {
@@ -219,23 +223,49 @@ type Rategate struct {
 // main listener answers the Ready path and its admin listener /v1/rules.
 // On failure the process is killed and the error carries its log.
 func StartRategate(o Options) (*Rategate, error) {
+	// Ports this function picks were free a moment ago; another test's
+	// server may take one before rategate binds it. Then rategate stops at
+	// once ("address already in use"), and it is started again on others.
+	for attempt := 1; ; attempt++ {
+		r, err := startRategate(o)
+		if err == nil || (o.Main != "" && o.Admin != "") || attempt == 3 || !portTaken(o, err) {
+			return r, err
+		}
+	}
+}
+
+// portTaken reports whether a rategate that failed to start said that an
+// address it was to listen on was in use.
+func portTaken(o Options, err error) bool {
+	log, rerr := os.ReadFile(filepath.Join(o.Dir, nameOr(o.Name)+".log"))
+	return rerr == nil && bytes.Contains(log, []byte("address already in use")) || strings.Contains(err.Error(), "address already in use")
+}
+
+// nameOr is a rategate's name, "rategate" when unset.
+func nameOr(name string) string {
+	if name == "" {
+		return "rategate"
+	}
+	return name
+}
+
+// startRategate is one try of StartRategate.
+func startRategate(o Options) (*Rategate, error) {
 	if o.Main == "" {
-		port, err := FreePort()
+		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
 		o.Main = "127.0.0.1:" + strconv.Itoa(port)
 	}
 	if o.Admin == "" {
-		port, err := FreePort()
+		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
 		o.Admin = "127.0.0.1:" + strconv.Itoa(port)
 	}
-	if o.Name == "" {
-		o.Name = "rategate"
-	}
+	o.Name = nameOr(o.Name)
 	args := append([]string{"-listen", o.Main, "-admin-listen", o.Admin}, o.Args...)
 	p, err := Start(o.Name, filepath.Join(o.Dir, o.Name+".log"), o.Bin, args, o.Env)
 	if err != nil {

@@ -310,20 +310,20 @@ func (ri *ruleIdentities) ruleInForce(action limits.IdentityAction, n numbers) (
 	if err == nil || action != limits.IdentityLimit {
 		return r, err
 	}
-	if strict, ok := ri.strictFit(n); ok {
+	if strict, ok := strictFit(ri.base, n); ok {
 		return strict.Derive(limits.IdentityLimit), nil
 	}
 	return nil, err
 }
 
-// strictFit applies n to the rule in force without the two bounds a
-// rule's change can break (see ruleInForce), when what comes out lowers
-// the rule.
-func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
-	if !ri.base.Algorithm.UsesBurst() {
+// strictFit applies n to base without the two bounds a rule's change can
+// break (see ruleInForce), when what comes out lowers base: for an
+// identity's override and a rule's alike.
+func strictFit(base *limits.Rule, n numbers) (*limits.Rule, bool) {
+	if !base.Algorithm.UsesBurst() {
 		n.burst = 0
 	}
-	b := *ri.base
+	b := *base
 	b.Cost = 1
 	applied, err := Apply(&b, &Override{Limit: n.limit, Burst: n.burst, Period: Duration(n.period), Factor: n.factor})
 	if err != nil {
@@ -331,10 +331,10 @@ func (ri *ruleIdentities) strictFit(n numbers) (*limits.Rule, bool) {
 	}
 	// Judged as it comes out: a factor is rounded, and never below 1
 	// (0.2 of 3 a quarter hour is 1 a quarter hour, 4 an hour).
-	if !(numbers{limit: applied.Limit, period: applied.Period, burst: applied.Burst}).lowers(ri.base) {
+	if !(numbers{limit: applied.Limit, period: applied.Period, burst: applied.Burst}).lowers(base) {
 		return nil, false
 	}
-	applied.Cost = ri.base.Cost
+	applied.Cost = base.Cost
 	return applied, true
 }
 

@@ -26,7 +26,7 @@ func TestStrictFitNeverRaisesTheRate(t *testing.T) {
 			numbers{period: time.Second, factor: 0.0001, burst: 1}},
 	} {
 		ri := &ruleIdentities{base: c.base}
-		got, ok := ri.strictFit(c.n)
+		got, ok := strictFit(ri.base, c.n)
 		if !ok {
 			continue
 		}

@@ -51,6 +51,11 @@ type IdentityOverride struct {
 }
 
 // action returns what o does.
+// numbers is the override's limit, period, burst and factor.
+func (o *IdentityOverride) numbers() numbers {
+	return numbers{limit: o.Limit, burst: o.Burst, period: time.Duration(o.Period), factor: o.Factor}
+}
+
 func (o *IdentityOverride) action() limits.IdentityAction {
 	switch {
 	case o.Exempt:

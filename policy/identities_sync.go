@@ -425,7 +425,7 @@ func decodeStored(raw string) *storedIdentity {
 		return s
 	}
 	s.action = o.action()
-	s.n = numbers{limit: o.Limit, burst: o.Burst, period: time.Duration(o.Period), factor: o.Factor}
+	s.n = o.numbers()
 	if s.action == limits.IdentityLimit && s.n == (numbers{}) {
 		s.bad = "stored value has no limit, period, burst or factor: delete it and set it again"
 	}
@@ -910,7 +910,7 @@ func (x *Identities) Set(ctx context.Context, rule string, dims map[string]strin
 		return IdentityView{}, limits.ErrNotApplicable
 	}
 	o.IPv6Prefix = ipv6PrefixOf(base, req)
-	_, ferr := ri.ruleFor(o.action(), numbers{limit: o.Limit, burst: o.Burst, period: time.Duration(o.Period), factor: o.Factor})
+	_, ferr := ri.ruleFor(o.action(), o.numbers())
 	x.mu.Unlock()
 	if ferr != nil {
 		var fe FieldErrors

@@ -277,22 +277,17 @@ func (m *Manager) apply() {
 			if o.ExpiresAt != nil && (m.nextExp.IsZero() || o.ExpiresAt.Before(m.nextExp)) {
 				m.nextExp = *o.ExpiresAt
 			}
-			applied, err := Apply(r, &o)
-			switch {
-			case err == nil:
+			// A reload may have changed the rule under the override. Where
+			// what still fits lowers the rule (a burst on a rule now of a
+			// window algorithm goes, the limit stays), that stays in force:
+			// dropping a lowering override fails open.
+			if applied, err := Apply(r, &o); err == nil {
 				e = applied
-			default:
-				// A reload changed the rule under the override. Where what
-				// still fits lowers the rule (a burst on a rule now of a
-				// window algorithm goes, the limit stays), it stays in
-				// force: dropping a lowering override fails open.
-				n := numbers{limit: o.Limit, burst: o.Burst, period: time.Duration(o.Period), factor: o.Factor}
-				if strict, ok := strictFit(r, n); ok {
-					e = strict
-					rv.OverrideError = "override applied in part: " + err.Error()
-					m.log.Warn().Str("rule", r.Name).Str("error", err.Error()).Msg("runtime override does not fit the rule as the file now defines it; what still fits and lowers the rule stays in force")
-					break
-				}
+			} else if strict, ok := strictFit(r, o.numbers()); ok {
+				e = strict
+				rv.OverrideError = "override applied in part: " + err.Error()
+				m.log.Warn().Str("rule", r.Name).Str("error", err.Error()).Msg("runtime override does not fit the rule as the file now defines it; what still fits and lowers the rule stays in force")
+			} else {
 				rv.OverrideError = "override ignored: " + err.Error()
 				m.log.Warn().Str("rule", r.Name).Str("error", err.Error()).Msg("runtime override does not fit the rule as the file now defines it; ignoring it")
 			}

@@ -330,6 +330,11 @@ func withFactor(msg string, o *Override) string {
 	return msg
 }
 
+// numbers is the override's limit, period, burst and factor.
+func (o *Override) numbers() numbers {
+	return numbers{limit: o.Limit, burst: o.Burst, period: time.Duration(o.Period), factor: o.Factor}
+}
+
 // expired reports whether o has expired at now.
 func (o *Override) expired(now time.Time) bool {
 	return o.ExpiresAt != nil && !now.Before(*o.ExpiresAt)

@@ -88,9 +88,9 @@ type CoalesceOptions struct {
 	// its recent pipelines carried waits for more before sending, under
 	// load only: while the last batches carried two decisions or more on
 	// average (an idle service sends each decision at once). 0: send what
-	// is there. The zero value
-	// of CoalesceOptions means 0; config's default is 50µs, or less where
-	// redis.timeout and overlap_after leave less (config/validate.go).
+	// is there. The zero value of CoalesceOptions means 0; config's
+	// default is 50µs, or less where redis.timeout and overlap_after leave
+	// less (config/validate.go).
 	Wait time.Duration
 	// Overlap is how long every pipeline in flight must have waited before
 	// a runner sends another alongside (overlapWait says when it need not
@@ -573,15 +573,9 @@ func (c *coalescer) lingerFor(n int) bool {
 	return true
 }
 
-// take moves queued calls into runner i's batch, up to MaxBatch in all,
-// marks its pipeline in flight, and passes the ready token on if some are
-// left for another runner.
-func (c *coalescer) take(i int, batch []*scriptCall) []*scriptCall {
-	c.mu.Lock()
-	return c.takeLocked(i, batch)
-}
-
-// takeLocked is take, called with mu held; it unlocks mu.
+// takeLocked moves queued calls into runner i's batch, up to MaxBatch in
+// all, marks its pipeline in flight, and passes the ready token on if
+// some are left for another runner. Called with mu held; it unlocks mu.
 func (c *coalescer) takeLocked(i int, batch []*scriptCall) []*scriptCall {
 	n := min(len(c.queue), c.opt.MaxBatch-len(batch))
 	batch = append(batch, c.queue[:n]...)

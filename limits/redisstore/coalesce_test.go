@@ -302,7 +302,8 @@ func TestBatchMeanFollowsTakes(t *testing.T) {
 	run := func(size, times int) float64 {
 		for range times {
 			c.queue = make([]*scriptCall, size)
-			c.take(0, nil)
+			c.mu.Lock()
+			c.takeLocked(0, nil)
 			c.flying[0] = time.Time{}
 		}
 		return c.batchMean

@@ -7,7 +7,6 @@
 package procs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -228,25 +227,11 @@ func StartRategate(o Options) (*Rategate, error) {
 	// once ("address already in use"), and it is started again on others.
 	for attempt := 1; ; attempt++ {
 		r, err := startRategate(o)
-		if err == nil || (o.Main != "" && o.Admin != "") || attempt == 3 || !portTaken(o, err) {
+		// the error carries the log's tail, where rategate says why
+		if err == nil || (o.Main != "" && o.Admin != "") || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return r, err
 		}
 	}
-}
-
-// portTaken reports whether a rategate that failed to start said that an
-// address it was to listen on was in use.
-func portTaken(o Options, err error) bool {
-	log, rerr := os.ReadFile(filepath.Join(o.Dir, nameOr(o.Name)+".log"))
-	return rerr == nil && bytes.Contains(log, []byte("address already in use")) || strings.Contains(err.Error(), "address already in use")
-}
-
-// nameOr is a rategate's name, "rategate" when unset.
-func nameOr(name string) string {
-	if name == "" {
-		return "rategate"
-	}
-	return name
 }
 
 // startRategate is one try of StartRategate.
@@ -265,7 +250,9 @@ func startRategate(o Options) (*Rategate, error) {
 		}
 		o.Admin = "127.0.0.1:" + strconv.Itoa(port)
 	}
-	o.Name = nameOr(o.Name)
+	if o.Name == "" {
+		o.Name = "rategate"
+	}
 	args := append([]string{"-listen", o.Main, "-admin-listen", o.Admin}, o.Args...)
 	p, err := Start(o.Name, filepath.Join(o.Dir, o.Name+".log"), o.Bin, args, o.Env)
 	if err != nil {

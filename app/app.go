@@ -521,10 +521,14 @@ const leaseReturnGrace = 2 * time.Second
 func (a *App) Close() {
 	a.stopBG()
 	a.wg.Wait()
-	if keys, units := a.limiter.LeasesHeld(); keys > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnGrace)
-		back := a.limiter.ReturnLeases(ctx, 0)
-		cancel()
+	// Returns run even when no entry is held: an idle key's return that
+	// failed (Redis down) waits for the sweeper's next try, which no longer
+	// comes.
+	keys, units := a.limiter.LeasesHeld()
+	ctx, cancel := context.WithTimeout(context.Background(), leaseReturnGrace)
+	back := a.limiter.ReturnLeases(ctx, 0)
+	cancel()
+	if keys > 0 || back > 0 {
 		a.log.Info().Int("keys", keys).Int64("units_held", units).Int64("units_returned", back).
 			Msg("leased slices given back")
 	}

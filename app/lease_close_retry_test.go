@@ -17,10 +17,38 @@ import (
 // Redis was down, so its return failed and waits for the sweeper's next
 // try; the instance no longer holds an entry for it. Close, right after
 // Redis came back, skipped the return (it gave back only when entries
-// were held), and the units stayed counted unspent until the window
+// were held, and the sweeper dropped a return whose try the shutdown
+// cancelled), and the units stayed counted unspent until the window
 // ended: another instance then found 3 of 100 spent plus the idle
-// slice's units.
+// slice's units (95 left).
 func TestCloseGivesBackReturnsAwaitingARetry(t *testing.T) {
+	t.Run("closed just after Redis came back", func(t *testing.T) {
+		closeAfterOutage(t, func(srv *testredis.Controlled, a *App) {
+			srv.Restart(t)
+			a.Close() // before the sweeper's next try
+		})
+	})
+	// SIGTERM during a Redis restart: the returns wait for it, within
+	// leaseReturnGrace.
+	t.Run("closed while Redis is down, back within the grace", func(t *testing.T) {
+		closeAfterOutage(t, func(srv *testredis.Controlled, a *App) {
+			done := make(chan struct{})
+			go func() {
+				a.Close()
+				close(done)
+			}()
+			time.Sleep(time.Second)
+			srv.Restart(t)
+			<-done
+		})
+	})
+}
+
+// closeAfterOutage spends 3 of acme's 100 on a leased rule, lets Redis go
+// down (SAVEd first) until the key's idle return has failed, has closeApp
+// restart Redis and close the App, and checks that another instance finds
+// 97 left.
+func closeAfterOutage(t *testing.T, closeApp func(*testredis.Controlled, *App)) {
 	srv := testredis.StartControlled(t)
 	yaml := `rules:
   - name: per-user
@@ -81,8 +109,7 @@ func TestCloseGivesBackReturnsAwaitingARetry(t *testing.T) {
 	if keys, _ := a.Limiter().LeasesHeld(); keys != 0 {
 		t.Fatalf("the idle key still has an entry (%d keys held): the return was not queued", keys)
 	}
-	srv.Restart(t)
-	a.Close() // before the sweeper's next try
+	closeApp(srv, a)
 	closed = true
 
 	b := open()

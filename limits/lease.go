@@ -1270,13 +1270,15 @@ func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
 			later = append(later, j)
 			continue
 		}
-		if !lt.runJob(ctx, l, j, nowUS) {
+		if !lt.runJob(ctx, l, j, nowUS, false) {
 			down = true
 			now := lt.clock(nowUS)
 			if j.failedAt == 0 {
 				j.failedAt = now
 			}
-			if ctx.Err() == nil && now-j.failedAt < PeriodUS(leaseReturnRetry) {
+			// A job whose try ctx ended (shutdown) waits for
+			// ReturnLeases, however long it has waited.
+			if ctx.Err() != nil || now-j.failedAt < PeriodUS(leaseReturnRetry) {
 				failed = append(failed, j)
 			} else {
 				j.stats.wasted.Add(unspentOf(j))
@@ -1291,15 +1293,23 @@ func (lt *leaseTable) runJobs(ctx context.Context, l *Limiter, nowUS int64) {
 	}
 }
 
-// runJob gives one job's slices back; false when the store failed.
-func (lt *leaseTable) runJob(ctx context.Context, l *Limiter, j *leaseJob, nowUS int64) bool {
+// runJob gives one job's slices back; false when the store failed. With
+// direct, the store breaker does not refuse it (shutdown: no request
+// waits on the call, and an open breaker may not have seen Redis back).
+func (lt *leaseTable) runJob(ctx context.Context, l *Limiter, j *leaseJob, nowUS int64, direct bool) bool {
 	c, cancel := context.WithTimeout(ctx, lt.opt.Timeout)
 	defer cancel()
 	var back int64
-	refused, err := l.call(OpLease, func() (err error) {
+	ret := func() (err error) {
 		back, err = lt.store.ReturnLease(c, &LeaseReturn{Check: j.check, Slices: j.slices, NowUS: nowUS})
 		return err
-	})
+	}
+	var refused, err error
+	if direct {
+		err = ret()
+	} else {
+		refused, err = l.call(OpLease, ret)
+	}
 	if refused != nil || err != nil {
 		j.stats.returnsFailed.Add(1)
 		return false
@@ -1381,14 +1391,29 @@ func (l *Limiter) ReturnLeases(ctx context.Context, nowUS int64) int64 {
 	for j := lt.nextJob(&more); j != nil; j = lt.nextJob(&more) {
 		jobs = append(jobs, j)
 	}
+	// A Redis that just came back may still be refused for a while (the
+	// store breaker has not seen it yet; go-redis answers its last dial
+	// error for up to a second), and an idle key's failed return waits
+	// here for it: returns go past the breaker (runJob's direct), and a
+	// failed one is tried again every leaseSweepEvery until ctx ends, when
+	// what is left counts as wasted.
 	var back int64
-	for _, j := range jobs {
+	for i := 0; i < len(jobs); {
+		j := jobs[i]
 		before := j.stats.returned.Load()
-		if ctx.Err() != nil || !lt.runJob(ctx, l, j, nowUS) {
-			j.stats.wasted.Add(unspentOf(j))
+		if lt.runJob(ctx, l, j, nowUS, true) {
+			back += j.stats.returned.Load() - before
+			i++
 			continue
 		}
-		back += j.stats.returned.Load() - before
+		select {
+		case <-ctx.Done():
+			for _, j := range jobs[i:] {
+				j.stats.wasted.Add(unspentOf(j))
+			}
+			return back
+		case <-time.After(leaseSweepEvery):
+		}
 	}
 	return back
 }

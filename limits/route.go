@@ -3,6 +3,7 @@ package limits
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -366,6 +367,11 @@ func AppendHost(dst, b []byte) []byte {
 // one of those must not become the ASCII host an exception or a limit was
 // written for, as NGINX serves it from another server block. Bytes that are
 // not UTF-8 are kept as they are.
+//
+// A letter is written as the lower case of its upper case: some capitals
+// have two lower-case forms (Σ: σ and the final ς; Β: β and ϐ; Μ: μ and the
+// micro sign µ), which strings.EqualFold, and so match.host, holds one
+// letter. Lowered alone, "ΣΑΣ" would be "σασ" and "σας" another host.
 func appendLowerUnicode(dst, h []byte) []byte {
 	for len(h) > 0 {
 		r, size := utf8.DecodeRune(h)
@@ -374,7 +380,11 @@ func appendLowerUnicode(dst, h []byte) []byte {
 			h = h[1:]
 			continue
 		}
-		if l := unicode.ToLower(r); r < utf8.RuneSelf || l >= utf8.RuneSelf {
+		l := unicode.ToLower(r)
+		if f := unicode.ToLower(unicode.ToUpper(r)); f >= utf8.RuneSelf {
+			l = f
+		}
+		if r < utf8.RuneSelf || l >= utf8.RuneSelf {
 			r = l
 		}
 		dst = utf8.AppendRune(dst, r)
@@ -385,10 +395,12 @@ func appendLowerUnicode(dst, h []byte) []byte {
 
 // HostProblem says how a configured host differs from every host /auth
 // counts ("" when it does not): "write api.example.com" for
-// "API.example.com:443." and the like.
+// "API.example.com:443." and the like. The case of letters beyond ASCII is
+// not a problem (the callers lower-case v first, and AppendHost folds
+// what lower-casing leaves: "σας" is the host "σασ").
 func HostProblem(v string) string {
-	if n := string(AppendHost(nil, []byte(v))); n != v {
-		return fmt.Sprintf("is not a host as /auth counts it (no port, no trailing dot, lower case); write %q", n)
+	if len(hostOnly([]byte(v))) != len(v) || strings.ContainsFunc(v, func(c rune) bool { return 'A' <= c && c <= 'Z' }) {
+		return fmt.Sprintf("is not a host as /auth counts it (no port, no trailing dot, lower case); write %q", AppendHost(nil, []byte(v)))
 	}
 	return ""
 }

@@ -159,7 +159,8 @@ type Spec struct {
 	Interval time.Duration
 	// Timeout of one reading (< Interval).
 	Timeout time.Duration
-	// Cooldown is the least time between two changes of the factor.
+	// Cooldown is the least time between a change of the factor and a
+	// raise of it (a lowering is never held back).
 	Cooldown time.Duration
 	// KeepOnError is how long a failing signal keeps the last factor
 	// before it returns to 1.

@@ -78,18 +78,19 @@ func TestNextTimeline(t *testing.T) {
 	}{
 		{0, 30, nil, 1.5, 0, ""},              // the first decision is immediate
 		{1, 52, nil, 1.5, 0, ""},              // inside the hysteresis
-		{1, 60, nil, 1.5, 0, ""},              // step 1 selected, but the last change was 2s ago (cooldown 10s)
-		{8, 60, nil, 1, 1, ""},                // 10s after the change: moves
-		{1, 90, nil, 1, 1, ""},                // cooldown again
-		{9, 90, nil, 0.8, 2, ""},              // moves
+		{1, 60, nil, 1, 1, ""},                // step 1: a lowering, at once (the last change was 2s ago)
+		{1, 30, nil, 1, 1, ""},                // a raise 1s after a change: held (cooldown 10s)
+		{9, 30, nil, 1.5, 0, ""},              // 10s after the change: moves
+		{1, 90, nil, 0.8, 2, ""},              // overloaded 1s after a raise: lowered at once
 		{1, 0, errTimeout, 0.8, 2, "timeout"}, // failing: keeps the factor
 		{1, math.NaN(), nil, 0.8, 2, "nan"},   // NaN is a failure, whatever err says
 		{1, math.Inf(1), nil, 0.8, 2, "infinite"},
-		{26, 0, errTimeout, 0.8, 2, "timeout"}, // t=49: 29s after the last good reading (t=20)
-		{1, 0, errTimeout, 1, -1, "timeout"},   // t=50, 30s: back to 1, at once
+		{26, 0, errTimeout, 0.8, 2, "timeout"}, // t=42: 29s after the last good reading (t=13)
+		{1, 0, errTimeout, 1, -1, "timeout"},   // t=43, 30s: back to 1, at once
 		{10, 0, errTimeout, 1, -1, "timeout"},  // stays 1
-		{1, 90, nil, 0.8, 2, ""},               // good again: the reset was 11s ago, past the cooldown
-		{1, 10, nil, 0.8, 2, ""},               // 1s after that change: cooldown
+		{1, 90, nil, 0.8, 2, ""},               // good again: lowered at once
+		{1, 10, nil, 0.8, 2, ""},               // a raise 1s after that change: held
+		{9, 10, nil, 1.5, 0, ""},               // 10s after it: moves
 	} {
 		now = now.Add(time.Duration(row.advance * float64(time.Second)))
 		st = s.Next(st, now, row.v, row.err)
@@ -171,8 +172,9 @@ func TestNextClampsTheTable(t *testing.T) {
 }
 
 // TestNextRandomized checks invariants over random signals, failures and
-// clocks: the factor is always 1 or within the bounds; two changes are
-// never closer than the cooldown unless the second is a reset to 1; and a
+// clocks: the factor is always 1 or within the bounds; a raise never
+// comes sooner than the cooldown after the last change unless it is a
+// reset to 1 (a failing signal); and a
 // signal wandering inside the hysteresis band around an edge changes the
 // factor at most once.
 func TestNextRandomized(t *testing.T) {
@@ -198,8 +200,8 @@ func TestNextRandomized(t *testing.T) {
 				t.Fatalf("factor %g out of bounds", st.Factor)
 			}
 			if st.Factor != prev.Factor {
-				if st.Factor != 1 && !lastChange.IsZero() && now.Sub(lastChange) < s.Cooldown {
-					t.Fatalf("changes %v apart, cooldown %v", now.Sub(lastChange), s.Cooldown)
+				if st.Factor > prev.Factor && st.Step != -1 && !lastChange.IsZero() && now.Sub(lastChange) < s.Cooldown {
+					t.Fatalf("a raise %v after the last change, cooldown %v", now.Sub(lastChange), s.Cooldown)
 				}
 				lastChange = now
 			}

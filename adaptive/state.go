@@ -34,8 +34,12 @@ func Initial() State { return State{Factor: 1, Step: -1} }
 // failed with err.
 //
 // A good reading selects a step (StepFor, with hysteresis); the factor
-// moves to it unless the last change is less than Cooldown ago, in which
-// case a later reading moves it. A failed reading keeps the factor until
+// moves to it, but for a raise while the last change is less than
+// Cooldown ago, which a later reading makes. A lowering is never held
+// back: the cooldown damps flapping up, and a raise the signal no longer
+// supports (the backend overloaded just after it) must not outlive that
+// reading, which every client could time from RateLimit-Policy. A failed
+// reading keeps the factor until
 // KeepOnError (KeepRaiseOnError for a factor above 1) has passed since the
 // last good reading, then the factor is 1 (at once, whatever the
 // cooldown: it is the safe value). NaN and infinite values are failures
@@ -73,8 +77,8 @@ func (s *Spec) Next(st State, now time.Time, v float64, err error) State {
 		st.Step = target // same factor: nothing changes for anyone
 		return st
 	}
-	if !st.ChangedAt.IsZero() && now.Sub(st.ChangedAt) < s.Cooldown {
-		return st // rate limit: a later reading moves it
+	if f > st.Factor && !st.ChangedAt.IsZero() && now.Sub(st.ChangedAt) < s.Cooldown {
+		return st // a raise waits: a later reading moves it
 	}
 	st.Step, st.Factor, st.ChangedAt = target, f, now
 	return st

@@ -380,7 +380,7 @@ func reduceList() string {
 func describeAdaptive(field func(label, format string, args ...any), s *adaptive.Spec) {
 	field("adaptive", "factor from %s, read every %s (timeout %s) by one instance at a time (lease %s)",
 		s.Source.String(), FormatDuration(s.Interval), FormatDuration(s.Timeout), FormatDuration(s.LeaseTTL))
-	field("steps", "%s (hysteresis %s; within x%s..x%s; at most one change per %s)", s.DescribeSteps(),
+	field("steps", "%s (hysteresis %s; within x%s..x%s; a raise at least %s after a change)", s.DescribeSteps(),
 		formatFloat(s.Hysteresis), formatFloat(s.MinFactor), formatFloat(s.MaxFactor), FormatDuration(s.Cooldown))
 	if s.KeepRaiseOnError < s.KeepOnError {
 		field("on error", "keep the last factor %s (a factor above 1: %s) after the last good reading, then x1",

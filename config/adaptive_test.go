@@ -43,7 +43,7 @@ func TestLoadAdaptive(t *testing.T) {
 	d := c.Describe()
 	for _, line := range []string{
 		`  adaptive:   factor from prometheus https://user:xxxxx@prometheus.example:9090/prom/ query "100 * (1 - avg(rate(node_cpu_seconds_total{mode=\"idle\"}[1m])))" (reduce max), read every 2s (timeout 1s) by one instance at a time (lease 10s)`,
-		`  steps:      below 50: x1.5; below 80: x1; above: x0.8 (hysteresis 5; within x0.5..x2; at most one change per 1m)`,
+		`  steps:      below 50: x1.5; below 80: x1; above: x0.8 (hysteresis 5; within x0.5..x2; a raise at least 1m after a change)`,
 		`  on error:   keep the last factor 5m (a factor above 1: 10s) after the last good reading, then x1`,
 		`  on error:   keep the last factor 1m after the last good reading, then x1`,
 		`  adaptive:   factor from http http://127.0.0.1:8081/load, read every 5s (timeout 2s) by one instance at a time (lease 15s)`,

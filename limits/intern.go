@@ -38,7 +38,7 @@ type keyIntern struct {
 
 const (
 	keyInternShards   = 64
-	keyInternShardMax = 2048 // 131,072 keys in all, roughly 15 MB at most
+	keyInternShardMax = 2048 // 131,072 keys in all: about 30 MB with 200-byte keys (a long identity is hashed)
 	// A shard's table has at least twice as many slots as entries (linear
 	// probing stays short), from internMinSlots up to
 	// 2*keyInternShardMax.

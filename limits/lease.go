@@ -1396,24 +1396,32 @@ func (l *Limiter) ReturnLeases(ctx context.Context, nowUS int64) int64 {
 	// error for up to a second), and an idle key's failed return waits
 	// here for it: returns go past the breaker (runJob's direct), and a
 	// failed one is tried again every leaseSweepEvery until ctx ends, when
-	// what is left counts as wasted.
+	// what is left counts as wasted. A failed one waits behind the others,
+	// which are tried first: a return that fails alone (its Redis Cluster
+	// master is down) does not hold the others back.
 	var back int64
-	for i := 0; i < len(jobs); {
-		j := jobs[i]
+	failed := 0 // the jobs at the end of jobs, failed since the last wait
+	for len(jobs) > 0 {
+		if failed >= len(jobs) {
+			select {
+			case <-ctx.Done():
+				for _, j := range jobs {
+					j.stats.wasted.Add(unspentOf(j))
+				}
+				return back
+			case <-time.After(leaseSweepEvery):
+			}
+			failed = 0
+		}
+		j := jobs[0]
+		jobs = jobs[1:]
 		before := j.stats.returned.Load()
 		if lt.runJob(ctx, l, j, nowUS, true) {
 			back += j.stats.returned.Load() - before
-			i++
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			for _, j := range jobs[i:] {
-				j.stats.wasted.Add(unspentOf(j))
-			}
-			return back
-		case <-time.After(leaseSweepEvery):
-		}
+		jobs = append(jobs, j)
+		failed++
 	}
 	return back
 }

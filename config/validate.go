@@ -674,10 +674,12 @@ func compileMatch(m *rawMatch, out *limits.Match, id *Identity, at func(line int
 		out.Methods = append(out.Methods, "HEAD")
 	}
 	if v := &m.Host; v.ok() && v.V != "" {
-		out.Host = strings.ToLower(v.V)
+		// as /auth writes a request's host (strings.ToLower would make
+		// "İ" the ASCII "i", another host to NGINX and to the key)
+		out.Host = string(limits.AppendHost(nil, []byte(v.V)))
 		if strings.ContainsFunc(v.V, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '/' }) {
 			at(v.Line, "match.host %q is not a host name", v.V)
-		} else if msg := limits.HostProblem(out.Host); msg != "" {
+		} else if msg := limits.HostProblem(strings.ToLower(v.V)); msg != "" {
 			at(v.Line, "match.host %q %s", v.V, msg)
 		}
 	}

@@ -17,7 +17,7 @@ import (
 )
 
 func TestRuleMatches(t *testing.T) {
-	base := limits.Request{Method: []byte("POST"), Route: []byte("/login"), Host: []byte("API.example.com"), Headers: limits.Hdrs{"X-Plan": "free"}}
+	base := limits.Request{Method: []byte("POST"), Route: []byte("/login"), Host: limits.AppendHost(nil, []byte("API.example.com")), Headers: limits.Hdrs{"X-Plan": "free"}}
 	tests := []struct {
 		name  string
 		match limits.Match

@@ -65,7 +65,9 @@ type Match struct {
 	PathRegex *regexp.Regexp
 	// Methods are upper-case; empty = any.
 	Methods []string
-	// Host is compared case-insensitively; empty = any.
+	// Host is the host as AppendHost writes it (config writes it so),
+	// compared with the request's host, itself written so: a request the
+	// rule matches is counted under the rule's host's one key. Empty = any.
 	Host string
 	// Headers are exact values; names are canonical.
 	Headers []HeaderMatch
@@ -212,7 +214,11 @@ func (r *Rule) Matches(req *Request) bool {
 			return false
 		}
 	}
-	if m.Host != "" && !strings.EqualFold(string(req.Host), m.Host) {
+	// Not strings.EqualFold: it holds the Kelvin sign one letter with k
+	// and the long s one with s, which AppendHost (and NGINX's $host)
+	// keeps apart, so a rule would count hosts it matches under keys of
+	// their own.
+	if m.Host != "" && string(req.Host) != m.Host {
 		return false
 	}
 	for _, h := range m.Headers {

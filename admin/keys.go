@@ -63,6 +63,18 @@ func identityFromQuery(r *limits.Rule, args *fasthttp.Args, ipv6Prefix int, pp l
 	hdrs := headerMap{}
 	req.Headers = hdrs
 	var problems []string
+	// A parameter given twice names two identities: which one was meant is
+	// unknown (a reset of ?ip=A&ip=B would unban A alone), so say so.
+	seen := map[string]int{}
+	for k := range args.All() {
+		name := string(k)
+		if h, ok := strings.CutPrefix(strings.ToLower(name), "header."); ok {
+			name = "header." + textproto.CanonicalMIMEHeaderKey(h)
+		}
+		if seen[name]++; seen[name] == 2 {
+			problems = append(problems, fmt.Sprintf("%s: given twice; give each dimension once", name))
+		}
+	}
 	need := func(name string) ([]byte, bool) {
 		if !args.Has(name) {
 			problems = append(problems, fmt.Sprintf("%s: rule %q is keyed on %s; give ?%s=", name, r.Name, name, name))

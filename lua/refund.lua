@@ -16,7 +16,10 @@
 -- ARGV[2]  how long the marker lives, ms; 0: no marker (a slot being
 --          migrated refuses a script whose marker is missing, TRYAGAIN, on
 --          either side: the caller then sends the refund unmarked, and
---          never again once it may have run)
+--          never again once it may have run). A marked refund that runs
+--          this long or longer after its commit (at_us, below) gives
+--          nothing back: its marker may have come and gone, set by a
+--          resend that ran before this send, held up in the network, did
 -- ARGV[3+8(i-1) ...]  per key: algorithm code, limit, period_us, burst, cost,
 --          then what decide.lua reported for it when it committed: at_us (its
 --          now), remaining, reset_us
@@ -50,8 +53,8 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local n, fresh = #KEYS, true
-if tonumber(ARGV[2]) > 0 then
+local n, fresh, life = #KEYS, true, tonumber(ARGV[2])
+if life > 0 then
   n = n - 1
   fresh = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[2])
 end
@@ -65,7 +68,11 @@ for i = 1, n do
   end
   local limit, period, burst, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-  if fresh and cost > 0 then
+  -- A marked send that runs once its marker could have ended (life ms
+  -- after the commit at ARGV[b+5]: every earlier run of this refund set
+  -- the marker at or after the commit) may be a copy of one that ran
+  -- already, held up in the network: it gives nothing back (strict).
+  if fresh and cost > 0 and (life <= 0 or now < tonumber(ARGV[b + 5]) + life * 1000) then
     -- the key's reset stamp, as limits.ResetStampKey names it (its hash
     -- tag, then ":reset"); a value that is not a time counts as a reset
     -- at or after the commit, an error as no stamp (above)

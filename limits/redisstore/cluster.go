@@ -174,7 +174,7 @@ func (s *Store) decideSlots(ctx context.Context, b *limits.Batch, results []limi
 	}
 
 	// Denied (or failed) as a whole: give back what the admitting slots took.
-	markerTTL := refundMarkerTTL(ctx)
+	markerTTL := refundMarkerTTL(ctx, now)
 	var jobs []*refundJob
 	for i := range groups {
 		if g := &groups[i]; g.err == nil && g.admitted {
@@ -442,7 +442,11 @@ func lateRefundJob(call *scriptCall, reply any) *refundJob {
 	if err != nil || adm != 1 {
 		return nil
 	}
-	j := &refundJob{args: []any{call.args[0], lateMarkerTTL.Milliseconds()}}
+	// Unmarked: it is sent once, and again only when Redis said it did
+	// not run it (runRefund), so no marker is needed, and none bounds how
+	// late after its commit it may run (the late grace, then the
+	// background attempt).
+	j := &refundJob{args: []any{call.args[0], int64(0)}, unmarked: true}
 	for i := range n {
 		a := call.args[1+6*i : 1+6*(i+1)] // code, limit, period, burst, cost, shadow
 		cost, ok := a[4].(int64)
@@ -456,13 +460,8 @@ func lateRefundJob(call *scriptCall, reply any) *refundJob {
 	if len(j.keys) == 0 {
 		return nil
 	}
-	j.keys = append(j.keys, refundMarker(j.keys[0]))
 	return j
 }
-
-// lateMarkerTTL keeps a late refund's marker past its single background
-// attempt.
-const lateMarkerTTL = backgroundRefundTimeout + time.Second
 
 // refundMarker returns a fresh marker key in the slot of key: its hash tag
 // and ":refund:<random id>", e.g. "rg:{login:1.2.3.4}:refund:9f86d081884c7d65".
@@ -473,11 +472,15 @@ func refundMarker(key string) string {
 }
 
 // refundMarkerTTL keeps a marker until no retry of its refund can arrive:
-// the request's deadline, then the background attempt, with a margin.
-func refundMarkerTTL(ctx context.Context) time.Duration {
+// the request's deadline, then the background attempt, with a margin,
+// counted from start (UnixNano), the decision's start, which is before its
+// commits. refund.lua gives nothing back for a send that runs this long
+// after its commit: a send the network held up that long may be a copy of
+// one that ran and whose marker has ended.
+func refundMarkerTTL(ctx context.Context, start int64) time.Duration {
 	ttl := backgroundRefundTimeout + time.Second
 	if d, ok := ctx.Deadline(); ok {
-		ttl += max(time.Until(d), 0)
+		ttl += max(time.Duration(d.UnixNano()-start), 0)
 	}
 	return ttl
 }

@@ -3,7 +3,6 @@ package limits
 import (
 	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -68,6 +67,12 @@ func TrimValue(v []byte) []byte {
 		if c > ' ' && c < 0x7f {
 			break
 		}
+		if c <= ' ' || c == 0x7f || c == 0x85 || c == 0xa0 {
+			// Byte by byte where no rune needs decoding (0x85 and 0xa0
+			// never start a UTF-8 character): a client may send 8 KiB.
+			v = v[1:]
+			continue
+		}
 		n := trimmableAt(v)
 		if n == 0 {
 			break
@@ -78,6 +83,10 @@ func TrimValue(v []byte) []byte {
 		c := v[len(v)-1]
 		if c > ' ' && c < 0x7f {
 			break
+		}
+		if c <= ' ' || c == 0x7f {
+			v = v[:len(v)-1]
+			continue
 		}
 		n := trimmableBefore(v)
 		if n == 0 {
@@ -113,7 +122,16 @@ func trimmableBefore(v []byte) int {
 }
 
 func isTrimmable(r rune) bool {
-	return r <= ' ' || r == 0x7f || unicode.IsSpace(r) || r == 0x180e || r == 0x200b || r == 0xfeff
+	if r < 0x1680 {
+		return r <= ' ' || r == 0x7f || r == 0x85 || r == 0xa0
+	}
+	// unicode.IsSpace beyond Latin-1 (White_Space), spelled out: the
+	// table search cost more than the rest of a trim.
+	switch r {
+	case 0x1680, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0x180e, 0x200b, 0xfeff:
+		return true
+	}
+	return 0x2000 <= r && r <= 0x200a
 }
 
 // latin1Space is 1 for a byte outside any UTF-8 character that is white

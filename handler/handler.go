@@ -152,6 +152,9 @@ type Handler struct {
 	maxCost    int64
 	denyStatus atomic.Int32
 	timeout    time.Duration
+	// names is the lower-case index of the header names of the rule set
+	// last seen (listedNames).
+	names atomic.Pointer[nameIndex]
 
 	// Answers to bad input, built once from the options.
 	missingURI, badURL, ambiguousURL, noIP, badCost []byte
@@ -194,6 +197,9 @@ type scratch struct {
 	// verdict position (ruleText); spare is for the positions past it.
 	rules []ruleText
 	spare ruleText
+	// listed[i] says X-Rategate-Repeated names the i-th header the rules
+	// read (listedNames).
+	listed []bool
 }
 
 // New returns a Handler deciding with d and reporting readiness of store

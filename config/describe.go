@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"regexp/syntax"
 	"strings"
 	"time"
 
@@ -158,6 +159,10 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 		field("warning", "the period %s is not a whole number of seconds, which RateLimit-Policy needs: it says q=%d;w=%d (%d periods of %s: the same rate, stated over %ds)",
 			FormatDuration(r.Period), q, w, q/r.Limit, FormatDuration(r.Period), w)
 	}
+	if re := r.Match.PathRegex; re != nil && !anchored(re.String()) {
+		field("warning", "match.path regex %q is not anchored with ^: it runs along the whole of every route, and a client chooses routes of up to NGINX's 8 KB; "+
+			"anchor it (\"~^/...\") where the route's start says enough, so most routes are refused at their first bytes", re.String())
+	}
 	if r.Algorithm.UsesBurst() {
 		field("burst", "%d", r.Burst)
 	} else {
@@ -176,4 +181,32 @@ func describeRule(b *strings.Builder, r *limits.Rule) {
 	if r.Lease {
 		field("lease", "yes (each instance spends slices of the quota leased from the store, never over the limit)")
 	}
+}
+
+// anchored reports whether the regex expr can only match at the start of
+// the route (^ or \A first in every alternative), so that a route is
+// refused once its first bytes do not fit.
+func anchored(expr string) bool {
+	re, err := syntax.Parse(expr, syntax.Perl)
+	if err != nil {
+		return false
+	}
+	return startsAnchored(re.Simplify())
+}
+
+func startsAnchored(re *syntax.Regexp) bool {
+	switch re.Op {
+	case syntax.OpBeginText:
+		return true
+	case syntax.OpConcat, syntax.OpCapture:
+		return len(re.Sub) > 0 && startsAnchored(re.Sub[0])
+	case syntax.OpAlternate:
+		for _, s := range re.Sub {
+			if !startsAnchored(s) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }

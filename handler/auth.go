@@ -265,7 +265,14 @@ type nameIndex struct {
 	// shortest and longest bound the names' lengths: an item outside
 	// them is skipped without a look-up
 	shortest, longest int
+	// long: the positions of the names longer than listedNames lower-cases
+	// on the stack, compared with asciiEqualFold instead
+	long []int
 }
+
+// maxLowered is the longest list item listedNames lower-cases (on the
+// stack) for its look-up.
+const maxLowered = 64
 
 // listedNames appends to dst, for each of names, whether the
 // comma-separated list names it, in any case. The list is read once,
@@ -288,10 +295,13 @@ func (h *Handler) listedNames(dst []bool, list []byte, names []string) []bool {
 				x.pos[l] = i
 			}
 			x.shortest, x.longest = min(x.shortest, len(l)), max(x.longest, len(l))
+			if len(n) > maxLowered {
+				x.long = append(x.long, i)
+			}
 		}
 		h.names.Store(x)
 	}
-	var low [64]byte
+	var low [maxLowered]byte
 	for i := 0; i < len(list); {
 		j := i
 		for j < len(list) && list[j] != ',' {
@@ -305,10 +315,16 @@ func (h *Handler) listedNames(dst []bool, list []byte, names []string) []bool {
 		if len(item) < x.shortest || len(item) > x.longest {
 			continue
 		}
-		var l []byte
-		if len(item) <= len(low) {
-			l = low[:0]
+		if len(item) > len(low) {
+			// A name this long is rare; lowering the item would allocate.
+			for _, k := range x.long {
+				if asciiEqualFold(names[k], item) {
+					dst[len(dst)-len(names)+k] = true
+				}
+			}
+			continue
 		}
+		l := low[:0]
 		for _, c := range item {
 			if 'A' <= c && c <= 'Z' {
 				c += 'a' - 'A'

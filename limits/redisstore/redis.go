@@ -308,7 +308,20 @@ func openSentinel(fo *redis.FailoverOptions, o Options) (*Store, error) {
 		return nil, err
 	}
 	s.master = fo.MasterName
+	w := newSentinelWatch(client, fo, func(addr string) {
+		s.log.Load().Info().Str("master", fo.MasterName).Str("primary", addr).Msg("the sentinels name a new primary; following it")
+	})
+	if !s.bg.goRun(w.run) {
+		w.run(canceled())
+	}
 	return s, nil
+}
+
+// canceled returns a context that is already done.
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
 }
 
 // noRetries turns off go-redis's own resending. A decision is not

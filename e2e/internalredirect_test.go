@@ -1,0 +1,74 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// tryFilesConf is the common way to serve static files and hand the rest
+// to an application: location / tries the file, then jumps to a named
+// location. SERVER is the variant's rategate snippet, included at server
+// level as docs/nginx.md asks.
+const tryFilesConf = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;";
+    include rategate-upstream.conf;
+    include rategate-identity-demo.conf;
+    access_log logs/access.log rategate;
+    upstream app { server 127.0.0.1:8001; }
+    server {
+        listen 8000;
+        root html;
+        include SERVER;
+        location / { try_files $uri @app; }
+        location @app {
+            proxy_pass http://app;
+            proxy_set_header X-User-Id $rategate_user;
+        }
+        location = /nginx-health { OFF return 200 "ok\n"; }
+    }
+}
+`
+
+// TestTryFilesNamedLocationCountsOnce: an internal redirect (try_files to
+// a named location, error_page) runs the access phase again, in the
+// location it lands in, and auth_request and access_by_lua ask rategate
+// again there. A request served through "try_files $uri @app" with the
+// rategate snippet at server level was decided twice and counted twice:
+// a user with a limit of 10 got 5 requests through in both variants.
+func TestTryFilesNamedLocationCountsOnce(t *testing.T) {
+	m := startMini(t)
+	needLuaModule(t)
+	rg := m.rategate(t, "rategate", policy(429, "tryfiles", "", `    - name: per-user
+      match: {path: /user/}
+      key: [user]
+      algorithm: fixed_window
+      limit: 10
+      period: 24h
+`))
+	needWindow(t, window, 30*time.Second)
+	for _, v := range []struct{ name, server, off string }{
+		{"plain", "rategate.conf", "auth_request off;"},
+		{"lua", "rategate-lua.conf", "access_by_lua_block { }"},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			conf := strings.NewReplacer("SERVER", v.server, "OFF", v.off).Replace(tryFilesConf)
+			if v.name == "lua" {
+				conf = strings.Replace(conf, "LUA\n", "include lua-modules.conf;\n", 1)
+			} else {
+				conf = strings.NewReplacer("LUA\n", "", `    lua_package_path "$prefix/?.lua;;";`+"\n", "").Replace(conf)
+			}
+			nx := startNginx(t, "tf"+v.name, "tryfiles.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr, files: map[string]string{"tryfiles.conf": conf}})
+			user := "tf-" + v.name
+			var statuses []int
+			for range 12 {
+				statuses = append(statuses, nx.do(t, userReq("/user/feed", user)).Status)
+			}
+			if got := m.app.hitsOf(user); got != 10 {
+				t.Errorf("%s: a limit of 10 a day, 12 requests through try_files $uri @app: the application served %d (statuses %v); want 10, each request counted once",
+					v.name, got, statuses)
+			}
+		})
+	}
+}

@@ -23,6 +23,7 @@ const tryFilesConf = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;
         include SERVER;
         location / { try_files $uri @app; }
         location @app {
+            APPOFF
             proxy_pass http://app;
             proxy_set_header X-User-Id $rategate_user;
         }
@@ -34,9 +35,12 @@ const tryFilesConf = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;
 // TestTryFilesNamedLocationCountsOnce: an internal redirect (try_files to
 // a named location, error_page) runs the access phase again, in the
 // location it lands in, and auth_request and access_by_lua ask rategate
-// again there. A request served through "try_files $uri @app" with the
-// rategate snippet at server level was decided twice and counted twice:
-// a user with a limit of 10 got 5 requests through in both variants.
+// again there: a request served through "try_files $uri @app" with the
+// rategate snippet at server level is decided twice and counted twice (a
+// user with a limit of 10 gets 5 requests through, in both variants), as
+// docs/nginx.md says. The check turned off in @app, as docs/nginx.md
+// advises, counts each request once. (Should NGINX or the shipped snippets
+// stop asking twice, the first case fails: change the docs with it.)
 func TestTryFilesNamedLocationCountsOnce(t *testing.T) {
 	m := startMini(t)
 	needLuaModule(t)
@@ -52,23 +56,32 @@ func TestTryFilesNamedLocationCountsOnce(t *testing.T) {
 		{"plain", "rategate.conf", "auth_request off;"},
 		{"lua", "rategate-lua.conf", "access_by_lua_block { }"},
 	} {
-		t.Run(v.name, func(t *testing.T) {
-			conf := strings.NewReplacer("SERVER", v.server, "OFF", v.off).Replace(tryFilesConf)
-			if v.name == "lua" {
-				conf = strings.Replace(conf, "LUA\n", "include lua-modules.conf;\n", 1)
-			} else {
-				conf = strings.NewReplacer("LUA\n", "", `    lua_package_path "$prefix/?.lua;;";`+"\n", "").Replace(conf)
-			}
-			nx := startNginx(t, "tf"+v.name, "tryfiles.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr, files: map[string]string{"tryfiles.conf": conf}})
-			user := "tf-" + v.name
-			var statuses []int
-			for range 12 {
-				statuses = append(statuses, nx.do(t, userReq("/user/feed", user)).Status)
-			}
-			if got := m.app.hitsOf(user); got != 10 {
-				t.Errorf("%s: a limit of 10 a day, 12 requests through try_files $uri @app: the application served %d (statuses %v); want 10, each request counted once",
-					v.name, got, statuses)
-			}
-		})
+		for _, c := range []struct {
+			name, appOff string
+			want         int
+		}{
+			{"as included", "", 5},
+			{"check off in @app", v.off, 10},
+		} {
+			t.Run(v.name+"/"+c.name, func(t *testing.T) {
+				conf := strings.NewReplacer("SERVER", v.server, "OFF", v.off, "APPOFF", c.appOff).Replace(tryFilesConf)
+				if v.name == "lua" {
+					conf = strings.Replace(conf, "LUA\n", "include lua-modules.conf;\n", 1)
+				} else {
+					conf = strings.NewReplacer("LUA\n", "", `    lua_package_path "$prefix/?.lua;;";`+"\n", "").Replace(conf)
+				}
+				tag := "tf" + v.name + strings.ReplaceAll(c.name, " ", "")
+				nx := startNginx(t, tag, "tryfiles.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr, files: map[string]string{"tryfiles.conf": conf}})
+				user := "tf-" + tag
+				var statuses []int
+				for range 12 {
+					statuses = append(statuses, nx.do(t, userReq("/user/feed", user)).Status)
+				}
+				if got := m.app.hitsOf(user); got != c.want {
+					t.Errorf("%s, %s: a limit of 10 a day, 12 requests through try_files $uri @app: the application served %d (statuses %v); want %d",
+						v.name, c.name, got, statuses, c.want)
+				}
+			})
+		}
 	}
 }

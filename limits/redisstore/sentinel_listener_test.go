@@ -119,7 +119,12 @@ func TestSentinelFailoverWithTheListenedSentinelDown(t *testing.T) {
 	lost := admitted.Load() - used
 	t.Logf("admitted %d (failed %d), counted on the surviving primary %d: %d lost, %.1f s of traffic (%.0f a second)",
 		admitted.Load(), failed.Load(), used, lost, float64(lost)/rate, rate)
-	if float64(lost) > 3*rate {
+	// Unheard, the store writes to the old primary until its demotion
+	// (10 s or more after the promotion); heard, within a few of the
+	// watch's looks (1.9 s measured on an idle machine, 5.0 s once under
+	// a loaded CI run before the watch nudged for 10 s). Half the time to
+	// the demotion tells the two apart on a loaded machine too.
+	if float64(lost) > rate*demoted.Seconds()/2 {
 		t.Fatalf("with the sentinel it listened to down, a planned SENTINEL FAILOVER lost %d admitted decisions, %.1f s of traffic (the store never heard +switch-master and wrote to the old primary until it was demoted %v after the failover); docs: about a second",
 			lost, float64(lost)/rate, demoted.Round(time.Millisecond))
 	}

@@ -22,14 +22,20 @@ import (
 // When one of them names a primary other than the one it named before, it
 // makes the client dial once (a pub/sub connection, closed at once), which
 // asks the sentinels and switches if they say so (a dial to the same
-// primary changes nothing); again at the next few looks, in case the
+// primary changes nothing); again at every look for 10 s, in case the
 // sentinel the client asks was behind the one that answered.
 
 // sentinelWatchInterval is how often the store asks the sentinels.
 const sentinelWatchInterval = 500 * time.Millisecond
 
-// sentinelSwitchNudges is how many looks in a row dial after a change.
-const sentinelSwitchNudges = 4
+// sentinelSwitchNudges is how many looks in a row dial after a change:
+// 10 s of them. The sentinel go-redis asks (the first that answers) may
+// name the old primary for a few seconds more than the one that saw the
+// change first (sentinels learn a switch from each other's hello
+// messages, every 2 s; longer on a loaded machine), and a dial then
+// changes nothing; by 10 s the old primary is demoted, and a write to it
+// fails and redials anyway.
+const sentinelSwitchNudges = 20
 
 type sentinelWatch struct {
 	client    *redis.Client

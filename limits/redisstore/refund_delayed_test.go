@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/internal/testredis"
-	"github.com/rategate/rategate/limits"
 )
 
 // heldConn delays the first write its hold says to hold, as a network
@@ -101,38 +100,7 @@ func TestClusterRefundDelayedInTheNetworkRunsOnce(t *testing.T) {
 	}
 	refundSHA = []byte(rs.refund.Hash())
 	owner, _ := slotOwners(t, c)
-	hour := limits.PeriodUS(time.Hour)
-	run := time.Now().UnixNano()
-	glob := limits.Check{Key: fmt.Sprintf("rg:{glob%d:}:fw", run), Algorithm: limits.FixedWindow, Limit: 3, PeriodUS: hour, Burst: 3, Cost: 1}
-	gAddr := owner(KeySlot(glob.Key))
-	var alice limits.Check
-	for n := 0; n < 1000; n++ {
-		k := fmt.Sprintf("rg:{pu:alice%d-%d}:fw", run, n)
-		if owner(KeySlot(k)) != gAddr {
-			alice = limits.Check{Key: k, Algorithm: limits.FixedWindow, Limit: 2, PeriodUS: hour, Burst: 2, Cost: 1}
-			break
-		}
-	}
-	if alice.Key == "" {
-		t.Fatal("no key for alice off global's primary")
-	}
-	decide := func(timeout time.Duration, checks ...limits.Check) (bool, []limits.Result, error) {
-		res := make([]limits.Result, len(checks))
-		dctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		a, err := rs.Decide(dctx, &limits.Batch{Checks: checks}, res)
-		return a, res, err
-	}
-	// global spent by others; alice has one admitted request (1 of 2)
-	for i := 0; i < 3; i++ {
-		if a, _, err := decide(time.Second, limits.Check{Key: fmt.Sprintf("rg:{g%d-%d}:fw", run, i), Algorithm: limits.FixedWindow,
-			Limit: 9, PeriodUS: hour, Burst: 9, Cost: 1}, glob); err != nil || !a {
-			t.Fatalf("filler %d: %v %v", i, a, err)
-		}
-	}
-	if a, _, err := decide(time.Second, alice); err != nil || !a {
-		t.Fatalf("alice's first request: %v %v", a, err)
-	}
+	glob, alice, decide := aliceBehindASpentGlobal(t, ctx, rs, owner, fmt.Sprintf("%d-", time.Now().UnixNano()))
 	// alice's slot first (limit 2 < 3): admits; global denies; the refund's
 	// first send is held by the network past the deadline
 	a, res, err := decide(200*time.Millisecond, alice, glob)

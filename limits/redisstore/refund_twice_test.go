@@ -13,6 +13,48 @@ import (
 	"github.com/rategate/rategate/limits"
 )
 
+// aliceBehindASpentGlobal sets up a denied request whose refund is the
+// matter (two cluster refund tests): a global check (limit 3) already spent
+// by others and alice's check (limit 2) on another primary, with one of
+// her requests admitted; tag keeps the keys apart between runs. decide
+// decides checks as one request under timeout.
+func aliceBehindASpentGlobal(t *testing.T, ctx context.Context, rs *Store, owner func(int) string, tag string) (glob, alice limits.Check,
+	decide func(timeout time.Duration, checks ...limits.Check) (bool, []limits.Result, error)) {
+	t.Helper()
+	hour := limits.PeriodUS(time.Hour)
+	glob = limits.Check{Key: fmt.Sprintf("rg:{glob%s:}:fw", tag), Algorithm: limits.FixedWindow, Limit: 3, PeriodUS: hour, Burst: 3, Cost: 1}
+	gAddr := owner(KeySlot(glob.Key))
+	// alice's key on a primary other than global's
+	for n := 0; n < 1000; n++ {
+		k := fmt.Sprintf("rg:{pu:alice%s%d}:fw", tag, n)
+		if owner(KeySlot(k)) != gAddr {
+			alice = limits.Check{Key: k, Algorithm: limits.FixedWindow, Limit: 2, PeriodUS: hour, Burst: 2, Cost: 1}
+			break
+		}
+	}
+	if alice.Key == "" {
+		t.Fatal("no key for alice off global's primary")
+	}
+	decide = func(timeout time.Duration, checks ...limits.Check) (bool, []limits.Result, error) {
+		res := make([]limits.Result, len(checks))
+		dctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		a, err := rs.Decide(dctx, &limits.Batch{Checks: checks}, res)
+		return a, res, err
+	}
+	// global spent by others; alice has one admitted request (1 of 2)
+	for i := 0; i < 3; i++ {
+		if a, _, err := decide(time.Second, limits.Check{Key: fmt.Sprintf("rg:{g%s%d}:fw", tag, i), Algorithm: limits.FixedWindow,
+			Limit: 9, PeriodUS: hour, Burst: 9, Cost: 1}, glob); err != nil || !a {
+			t.Fatalf("filler %d: %v %v", i, a, err)
+		}
+	}
+	if a, _, err := decide(time.Second, alice); err != nil || !a {
+		t.Fatalf("alice's first request: %v %v", a, err)
+	}
+	return glob, alice, decide
+}
+
 // respCommand encodes args as one RESP command.
 func respCommand(args ...any) string {
 	var b strings.Builder
@@ -49,40 +91,9 @@ func TestClusterRefundResentAfterLostReplyRunsOnceInAMigratingSlot(t *testing.T)
 		t.Fatal(err)
 	}
 	owner, _ := slotOwners(t, c)
-	hour := limits.PeriodUS(time.Hour)
-	glob := limits.Check{Key: "rg:{glob:}:fw", Algorithm: limits.FixedWindow, Limit: 3, PeriodUS: hour, Burst: 3, Cost: 1}
-	gAddr := owner(KeySlot(glob.Key))
-	// alice's key on a primary other than global's
-	var alice limits.Check
-	for n := 0; n < 1000; n++ {
-		k := fmt.Sprintf("rg:{pu:alice%d}:fw", n)
-		if owner(KeySlot(k)) != gAddr {
-			alice = limits.Check{Key: k, Algorithm: limits.FixedWindow, Limit: 2, PeriodUS: hour, Burst: 2, Cost: 1}
-			break
-		}
-	}
-	if alice.Key == "" {
-		t.Fatal("no key for alice off global's primary")
-	}
+	glob, alice, decide := aliceBehindASpentGlobal(t, ctx, rs, owner, "")
 	slot := KeySlot(alice.Key)
-	aAddr := owner(slot)
-	decide := func(timeout time.Duration, checks ...limits.Check) (bool, []limits.Result, error) {
-		res := make([]limits.Result, len(checks))
-		dctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		a, err := rs.Decide(dctx, &limits.Batch{Checks: checks}, res)
-		return a, res, err
-	}
-	// global spent by others; alice has one admitted request (1 of 2)
-	for i := 0; i < 3; i++ {
-		if a, _, err := decide(time.Second, limits.Check{Key: fmt.Sprintf("rg:{g%d}:fw", i), Algorithm: limits.FixedWindow,
-			Limit: 9, PeriodUS: hour, Burst: 9, Cost: 1}, glob); err != nil || !a {
-			t.Fatalf("filler %d: %v %v", i, a, err)
-		}
-	}
-	if a, _, err := decide(time.Second, alice); err != nil || !a {
-		t.Fatalf("alice's first request: %v %v", a, err)
-	}
+	aAddr, gAddr := owner(slot), owner(KeySlot(glob.Key))
 
 	nodes, err := c.Topology()
 	if err != nil {

@@ -13,12 +13,26 @@ import (
 // may match or key on the host: a default_server that refuses every host
 // it does not name, and the protected server named by server_name. SERVER
 // is the rategate snippet of the variant under test.
-const namedHostsConf = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;";
+// variantHead starts a test's own nginx.conf: the shipped upstream and
+// identity snippets, the rategate log format and the application's
+// upstream; variantConf makes it the plain or the Lua variant.
+const variantHead = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;";
     include rategate-upstream.conf;
     include rategate-identity-demo.conf;
     access_log logs/access.log rategate;
     upstream app { server 127.0.0.1:8001; }
-    server {
+`
+
+// variantConf returns conf (variantHead and its own servers) for the Lua
+// variant (the Lua modules loaded) or the plain one (no Lua at all).
+func variantConf(conf string, lua bool) string {
+	if lua {
+		return strings.Replace(conf, "LUA\n", "include lua-modules.conf;\n", 1)
+	}
+	return strings.NewReplacer("LUA\n", "", `    lua_package_path "$prefix/?.lua;;";`+"\n", "").Replace(conf)
+}
+
+const namedHostsConf = variantHead + `    server {
         listen 8000;
         server_name _;
         location = /nginx-health { return 200 "ok\n"; }
@@ -69,14 +83,10 @@ func TestAbsoluteFormHostIsTheServedHost(t *testing.T) {
 		{"lua", "rategate-lua.conf", true},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			conf := strings.Replace(namedHostsConf, "SERVER", v.server, 1)
 			if v.lua {
 				needLuaModule(t)
-				conf = strings.Replace(conf, "LUA", "include lua-modules.conf;", 1)
-			} else {
-				conf = strings.Replace(conf, "LUA", "", 1)
-				conf = strings.Replace(conf, `    lua_package_path "$prefix/?.lua;;";`+"\n", "", 1)
 			}
+			conf := variantConf(strings.Replace(namedHostsConf, "SERVER", v.server, 1), v.lua)
 			nx := startNginx(t, v.name, "named-hosts.conf", rewrite{
 				rategates: []string{rg.addr()}, app: m.app.addr, files: map[string]string{"named-hosts.conf": conf},
 			})

@@ -12,12 +12,7 @@ import (
 // to an application: location / tries the file, then jumps to a named
 // location. SERVER is the variant's rategate snippet, included at server
 // level as docs/nginx.md asks.
-const tryFilesConf = "LUA\n" + confHead + `    lua_package_path "$prefix/?.lua;;";
-    include rategate-upstream.conf;
-    include rategate-identity-demo.conf;
-    access_log logs/access.log rategate;
-    upstream app { server 127.0.0.1:8001; }
-    server {
+const tryFilesConf = variantHead + `    server {
         listen 8000;
         root html;
         include SERVER;
@@ -64,12 +59,7 @@ func TestTryFilesNamedLocationCountsOnce(t *testing.T) {
 			{"check off in @app", v.off, 10},
 		} {
 			t.Run(v.name+"/"+c.name, func(t *testing.T) {
-				conf := strings.NewReplacer("SERVER", v.server, "OFF", v.off, "APPOFF", c.appOff).Replace(tryFilesConf)
-				if v.name == "lua" {
-					conf = strings.Replace(conf, "LUA\n", "include lua-modules.conf;\n", 1)
-				} else {
-					conf = strings.NewReplacer("LUA\n", "", `    lua_package_path "$prefix/?.lua;;";`+"\n", "").Replace(conf)
-				}
+				conf := variantConf(strings.NewReplacer("SERVER", v.server, "OFF", v.off, "APPOFF", c.appOff).Replace(tryFilesConf), v.name == "lua")
 				tag := "tf" + v.name + strings.ReplaceAll(c.name, " ", "")
 				nx := startNginx(t, tag, "tryfiles.conf", rewrite{rategates: []string{rg.addr()}, app: m.app.addr, files: map[string]string{"tryfiles.conf": conf}})
 				user := "tf-" + tag

@@ -221,6 +221,13 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 	for name, body := range rw.files {
 		files = append(files, file{name, []byte(body)})
 	}
+	addrs := map[string]string{}
+	if rw.app != "" {
+		addrs[shippedApp] = rw.app
+	}
+	if rw.auth != "" {
+		addrs[shippedAuth] = rw.auth
+	}
 	for _, f := range files {
 		b := f.body
 		var out []string
@@ -239,22 +246,15 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 				line = strings.Replace(line, shippedListen, fmt.Sprintf("listen 127.0.0.1:%d;", rw.listen), 1)
 				hits[shippedListen]++
 			}
-			if rw.app != "" && strings.Contains(line, shippedApp) {
-				line = strings.ReplaceAll(line, shippedApp, rw.app)
-				hits[shippedApp]++
-			}
-			if rw.auth != "" && strings.Contains(line, shippedAuth) {
-				line = strings.ReplaceAll(line, shippedAuth, rw.auth)
-				hits[shippedAuth]++
-			}
+			line = replaceAddrs(line, addrs, hits)
 			if rw.closed && strings.Contains(line, shippedOpen) {
 				line = strings.Replace(line, shippedOpen, "default closed;", 1)
 				hits[shippedOpen]++
 			}
-			if len(rw.rategates) > 0 && strings.Contains(line, shippedRategate) {
+			if len(rw.rategates) > 0 && hasAddr(line, shippedRategate) {
 				hits[shippedRategate]++
 				for _, a := range rw.rategates {
-					out = append(out, strings.ReplaceAll(line, shippedRategate, a))
+					out = append(out, replaceAddrs(line, map[string]string{shippedRategate: a}, nil))
 				}
 				continue
 			}
@@ -278,6 +278,45 @@ func copyNginxDir(t testing.TB, prefix string, rw rewrite) {
 		check(true, old)
 	}
 }
+
+// replaceAddrs replaces every whole shipped address in line (one not
+// followed by another digit) by its new one, in one pass: an address
+// written in is never read again, so an app on 127.0.0.1:41809 does not
+// turn into the auth layer's address with a 9 after it. hits, when not
+// nil, counts the lines each address was found in.
+func replaceAddrs(line string, addrs map[string]string, hits map[string]int) string {
+	var b strings.Builder
+	found := map[string]bool{}
+	for i := 0; i < len(line); {
+		matched := false
+		for old, repl := range addrs {
+			if strings.HasPrefix(line[i:], old) && !digitAt(line, i+len(old)) {
+				b.WriteString(repl)
+				i += len(old)
+				found[old] = true
+				matched = true
+				break
+			}
+		}
+		if !matched {
+			b.WriteByte(line[i])
+			i++
+		}
+	}
+	for old := range found {
+		if hits != nil {
+			hits[old]++
+		}
+	}
+	return b.String()
+}
+
+// hasAddr says whether line names addr whole.
+func hasAddr(line, addr string) bool {
+	return replaceAddrs(line, map[string]string{addr: ""}, nil) != line
+}
+
+func digitAt(s string, i int) bool { return i < len(s) && s[i] >= '0' && s[i] <= '9' }
 
 // startNginx copies nginx/ into a fresh prefix with rw applied and runs
 // `nginx -p prefix -c conf -g 'daemon off;'` until /nginx-health answers.

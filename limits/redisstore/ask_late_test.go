@@ -7,6 +7,7 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // TestAskLateReplyIsRefunded: a decision whose caller gave up before Redis
@@ -30,7 +31,7 @@ func TestAskLateReplyIsRefunded(t *testing.T) {
 	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fw := limits.Check{Key: "rg:{asklate:a}:fw", Algorithm: limits.FixedWindow, Limit: 10, PeriodUS: limits.PeriodUS(time.Hour), Burst: 10, Cost: 1}
+	fw := limits.Check{Key: "rg:{asklate:a}:fw", Algorithm: limits.FixedWindow, Limit: 10, PeriodUS: storetest.SteadyPeriod(), Burst: 10, Cost: 1}
 	slot := KeySlot(fw.Key)
 	decide := func(timeout time.Duration) (bool, limits.Result, error) {
 		var res [1]limits.Result

@@ -173,7 +173,7 @@ func waitDecides(t *testing.T, s limits.Store, keys []string, within time.Durati
 				algo = info.Name
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
-			_, err = s.Decide(ctx, &limits.Batch{Checks: []limits.Check{{Key: k, Algorithm: algo, Limit: 1, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1}}}, r[:])
+			_, err = s.Decide(ctx, &limits.Batch{Checks: []limits.Check{{Key: k, Algorithm: algo, Limit: 1, PeriodUS: storetest.SteadyPeriod(), Burst: 1}}}, r[:])
 			cancel()
 			if err != nil {
 				break
@@ -354,7 +354,7 @@ func TestClusterOutageAndRecovery(t *testing.T) {
 		var r [1]limits.Result
 		dctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
 		start := time.Now()
-		_, err := rs.Decide(dctx, &limits.Batch{Checks: []limits.Check{{Key: healthyKey, Algorithm: limits.FixedWindow, Limit: 5, PeriodUS: limits.PeriodUS(time.Hour), Burst: 5, Cost: 1}}}, r[:])
+		_, err := rs.Decide(dctx, &limits.Batch{Checks: []limits.Check{{Key: healthyKey, Algorithm: limits.FixedWindow, Limit: 5, PeriodUS: storetest.SteadyPeriod(), Burst: 5, Cost: 1}}}, r[:])
 		maxLat = max(maxLat, time.Since(start))
 		cancel()
 		if err != nil && strings.Contains(err.Error(), "CLUSTERDOWN") {
@@ -378,8 +378,8 @@ func TestClusterOutageAndRecovery(t *testing.T) {
 	var two [2]limits.Result
 	dctx, cancel := context.WithTimeout(context.Background(), decisionTimeout)
 	_, err = rs.Decide(dctx, &limits.Batch{Checks: []limits.Check{
-		{Key: healthyKey, Algorithm: limits.FixedWindow, Limit: 5, PeriodUS: limits.PeriodUS(time.Hour), Burst: 5, Cost: 1},
-		{Key: "rg:{other:1}:gc", Algorithm: limits.GCRA, Limit: 5, PeriodUS: limits.PeriodUS(time.Hour), Burst: 5, Cost: 1},
+		{Key: healthyKey, Algorithm: limits.FixedWindow, Limit: 5, PeriodUS: storetest.SteadyPeriod(), Burst: 5, Cost: 1},
+		{Key: "rg:{other:1}:gc", Algorithm: limits.GCRA, Limit: 5, PeriodUS: storetest.SteadyPeriod(), Burst: 5, Cost: 1},
 	}}, two[:])
 	cancel()
 	if err == nil {

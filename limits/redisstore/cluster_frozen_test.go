@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 
 	"github.com/redis/go-redis/v9"
 
@@ -43,7 +44,7 @@ func TestClusterFrozenPrimary(t *testing.T) {
 	victim := primaries[0]
 	frozenKey, healthyKeys := keys[0], keys[1:]
 	check := func(key string) limits.Check {
-		return limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: 1 << 30, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1 << 30, Cost: 1}
+		return limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: 1 << 30, PeriodUS: storetest.SteadyPeriod(), Burst: 1 << 30, Cost: 1}
 	}
 
 	type tally struct {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // migratingChecks opens a cluster store and returns a per-user check (a
@@ -20,7 +21,7 @@ func migratingChecks(t *testing.T, c *testredis.Cluster) (*Store, func(u string)
 	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hour := limits.PeriodUS(time.Hour)
+	hour := storetest.SteadyPeriod()
 	user := func(u string) limits.Check {
 		return limits.Check{Key: "rg:{pu:" + u + "}:fw", Algorithm: limits.FixedWindow, Limit: 2, PeriodUS: hour, Burst: 2, Cost: 1}
 	}

@@ -503,13 +503,13 @@ func TestClusterRoundTrips(t *testing.T) {
 		}
 		return total
 	}
-	user := limits.Check{Key: "rg:{rt:user}:fw", Algorithm: limits.FixedWindow, Limit: 1 << 30, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1 << 30, Cost: 1}
-	global := limits.Check{Key: "rg:{rt:global}:gc", Algorithm: limits.GCRA, Limit: 1 << 30, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1 << 30, Cost: 1}
+	user := limits.Check{Key: "rg:{rt:user}:fw", Algorithm: limits.FixedWindow, Limit: 1 << 30, PeriodUS: storetest.SteadyPeriod(), Burst: 1 << 30, Cost: 1}
+	global := limits.Check{Key: "rg:{rt:global}:gc", Algorithm: limits.GCRA, Limit: 1 << 30, PeriodUS: storetest.SteadyPeriod(), Burst: 1 << 30, Cost: 1}
 	if owner(KeySlot(user.Key)) == owner(KeySlot(global.Key)) {
 		t.Fatal("pick keys on two primaries")
 	}
-	sameSlot := limits.Check{Key: "rg:{rt:user}:gc", Algorithm: limits.GCRA, Limit: 1 << 30, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1 << 30, Cost: 1}
-	blocked := limits.Check{Key: "rg:{rt:blocked}:fw", Algorithm: limits.FixedWindow, Limit: 1, PeriodUS: limits.PeriodUS(time.Hour), Burst: 1, Cost: 2}
+	sameSlot := limits.Check{Key: "rg:{rt:user}:gc", Algorithm: limits.GCRA, Limit: 1 << 30, PeriodUS: storetest.SteadyPeriod(), Burst: 1 << 30, Cost: 1}
+	blocked := limits.Check{Key: "rg:{rt:blocked}:fw", Algorithm: limits.FixedWindow, Limit: 1, PeriodUS: storetest.SteadyPeriod(), Burst: 1, Cost: 2}
 	cases := []struct {
 		name        string
 		checks      []limits.Check

@@ -15,6 +15,7 @@ import (
 	"github.com/rategate/rategate/internal/race"
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // This file tests batches sent as one FCALL of DecideMany (sendMany).
@@ -27,7 +28,7 @@ func fwCall(t *testing.T, ctx context.Context, checks ...any) *scriptCall {
 	call.args = append(call.args, int64(0))
 	for i := 0; i < len(checks); i += 2 {
 		key, limit := checks[i].(string), int64(checks[i+1].(int))
-		c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
+		c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: storetest.SteadyPeriod(), Burst: limit, Cost: 1}
 		var err error
 		if call.args, err = appendCheckArgs(call.args, &c); err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 
 	"github.com/redis/go-redis/v9"
 
@@ -112,7 +113,7 @@ func runAtMostOnce(t *testing.T, rs *Store, px proxySet, stored func(key string)
 	const n = 500
 	admitted, failed := 0, 0
 	for i := range n {
-		c := limits.Check{Key: key(i), Algorithm: limits.FixedWindow, Limit: 100, PeriodUS: limits.PeriodUS(time.Hour), Burst: 100, Cost: 1}
+		c := limits.Check{Key: key(i), Algorithm: limits.FixedWindow, Limit: 100, PeriodUS: storetest.SteadyPeriod(), Burst: 100, Cost: 1}
 		var r [1]limits.Result
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
 		ok, err := rs.Decide(dctx, &limits.Batch{Checks: []limits.Check{c}}, r[:])

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 	"github.com/rategate/rategate/lua"
 )
 
@@ -58,7 +59,7 @@ func (s *syncBuffer) count(sub string) int {
 // returns how many were admitted; every decision must succeed.
 func decideN(t *testing.T, s *Store, key string, limit int64, n int) int {
 	t.Helper()
-	c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
+	c := limits.Check{Key: key, Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: storetest.SteadyPeriod(), Burst: limit, Cost: 1}
 	admitted := 0
 	for range n {
 		var r [1]limits.Result
@@ -140,7 +141,7 @@ func TestFunctionsReloadedAfterFlush(t *testing.T) {
 	defer admin2.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c := limits.Check{Key: "rg:{fn:b}:fw", Algorithm: limits.FixedWindow, Limit: 10, PeriodUS: limits.PeriodUS(time.Hour), Burst: 10}
+		c := limits.Check{Key: "rg:{fn:b}:fw", Algorithm: limits.FixedWindow, Limit: 10, PeriodUS: storetest.SteadyPeriod(), Burst: 10}
 		var r [1]limits.Result
 		if _, err := s.Decide(context.Background(), &limits.Batch{Checks: []limits.Check{c}}, r[:]); err == nil {
 			break

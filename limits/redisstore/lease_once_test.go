@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // TestLeaseTakeRunsOnceOnCluster: a lease take is a commit (a decision of
@@ -32,7 +33,7 @@ func TestLeaseTakeRunsOnceOnCluster(t *testing.T) {
 	const n = 300
 	granted, failed := 0, 0
 	for i := range n {
-		chk := limits.Check{Key: key(i), Algorithm: limits.FixedWindow, Limit: 100, PeriodUS: limits.PeriodUS(time.Hour), Burst: 100, Cost: 1}
+		chk := limits.Check{Key: key(i), Algorithm: limits.FixedWindow, Limit: 100, PeriodUS: storetest.SteadyPeriod(), Burst: 100, Cost: 1}
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		g, err := rs.TakeLease(tctx, &limits.LeaseTake{Check: chk, Want: 1, ID: "probe-" + strconv.Itoa(i), TTLUS: 2_000_000})
 		cancel()

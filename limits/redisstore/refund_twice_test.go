@@ -11,6 +11,7 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // aliceBehindASpentGlobal sets up a denied request whose refund is the
@@ -21,7 +22,7 @@ import (
 func aliceBehindASpentGlobal(t *testing.T, ctx context.Context, rs *Store, owner func(int) string, tag string) (glob, alice limits.Check,
 	decide func(timeout time.Duration, checks ...limits.Check) (bool, []limits.Result, error)) {
 	t.Helper()
-	hour := limits.PeriodUS(time.Hour)
+	hour := storetest.SteadyPeriod()
 	glob = limits.Check{Key: fmt.Sprintf("rg:{glob%s:}:fw", tag), Algorithm: limits.FixedWindow, Limit: 3, PeriodUS: hour, Burst: 3, Cost: 1}
 	gAddr := owner(KeySlot(glob.Key))
 	// alice's key on a primary other than global's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // TestSentinelFailoverWithTheListenedSentinelDown: go-redis follows a
@@ -48,7 +49,7 @@ func TestSentinelFailoverWithTheListenedSentinelDown(t *testing.T) {
 		t.Fatal("no sentinel has the store's +switch-master subscription")
 	}
 	const limit = 100_000_000
-	ch := limits.Check{Key: "rg:{listener:}:fw", Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: limits.PeriodUS(time.Hour), Burst: limit, Cost: 1}
+	ch := limits.Check{Key: "rg:{listener:}:fw", Algorithm: limits.FixedWindow, Limit: limit, PeriodUS: storetest.SteadyPeriod(), Burst: limit, Cost: 1}
 	var admitted, failed atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

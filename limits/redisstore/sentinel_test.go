@@ -53,8 +53,8 @@ func TestSentinel(t *testing.T) {
 	t.Run("one script per request", func(t *testing.T) {
 		var scripts atomic.Int64
 		rs.Client().AddHook(countHook{&scripts})
-		user := limits.Check{Key: "rg:{u:alice}:fw", Algorithm: limits.FixedWindow, Limit: 2, PeriodUS: limits.PeriodUS(time.Hour), Burst: 2, Cost: 1}
-		global := limits.Check{Key: "rg:{global:}:gc", Algorithm: limits.GCRA, Limit: 100, PeriodUS: limits.PeriodUS(time.Hour), Burst: 100, Cost: 1}
+		user := limits.Check{Key: "rg:{u:alice}:fw", Algorithm: limits.FixedWindow, Limit: 2, PeriodUS: storetest.SteadyPeriod(), Burst: 2, Cost: 1}
+		global := limits.Check{Key: "rg:{global:}:gc", Algorithm: limits.GCRA, Limit: 100, PeriodUS: storetest.SteadyPeriod(), Burst: 100, Cost: 1}
 		if KeySlot(user.Key) == KeySlot(global.Key) {
 			t.Fatal("pick keys in two slots")
 		}

@@ -8,6 +8,7 @@ package storetest
 import (
 	"context"
 	"flag"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +36,24 @@ func WindowStart(p time.Duration) int64 {
 	pu := limits.PeriodUS(p)
 	return time.Now().UnixMicro() / pu * pu
 }
+
+// SteadyPeriod returns a period of an hour or a little more whose
+// epoch-aligned window, the one fixed_window and sliding_window count in,
+// has at least half an hour left when the test process first asks: a test
+// that decides on the store's own clock (NowUS 0) never sees its window
+// turn over. With an hour-long period, a test that ran across a full hour
+// found its limit whole again: a cluster refund test once counted 3
+// admissions for a limit of 2 in a CI run near 20:00. The same value for
+// the whole process: a key is never counted under two periods.
+var SteadyPeriod = sync.OnceValue(func() int64 {
+	const half = int64(30 * time.Minute / time.Microsecond)
+	now := time.Now().UnixMicro()
+	p := limits.PeriodUS(time.Hour)
+	for p-now%p < half {
+		p += limits.PeriodUS(time.Second)
+	}
+	return p
+})
 
 func DecideOne(t *testing.T, s limits.Store, c limits.Check, now int64) limits.Result {
 	t.Helper()

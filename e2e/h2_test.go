@@ -159,6 +159,11 @@ func TestHTTP2(t *testing.T) {
 			if got := get("h2gold"); got != want {
 				t.Fatalf("request %d over HTTP/2: %d, want %d", i+1, got, want)
 			}
+			// get returns at the response's head; NGINX logs a request
+			// when its body is sent: wait for its line, or a quick 429
+			// after a 200 can be logged first (a CI run saw lines 2 and
+			// 3 swapped)
+			nx.lastAccess(t, i+1)
 		}
 		// rategate's headers reached NGINX: the access log writes them
 		for i, want := range []struct{ ratelimit, rule, remains string }{

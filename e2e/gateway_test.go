@@ -436,9 +436,22 @@ func runGateway(t *testing.T, v variant) {
 			t.Errorf("a 400 from rategate left no trace in the error log: %q", log)
 		}
 		// rategate's failure_mode: deny is obeyed even where NGINX fails open.
+		lines := len(n.accessLog(t))
 		r = n.do(t, userReq("/user/store-down", "dora"))
 		wantStatus(t, r, 503)
 		wantHeader(t, r, "X-RateLimit-Status", "unavailable")
+		if l := n.lastAccess(t, lines+1); l.ratelimit != "store_down" {
+			t.Errorf("access log of rategate's store-down 503: %s; want ratelimit=store_down", l.raw)
+		}
+		// rategate at its connection limit: fasthttp's bare 503, no
+		// X-RateLimit-Status. Not decided, and not a store failure: the
+		// access log said store_down, sending the operator to Redis.
+		lines = len(n.accessLog(t))
+		r = n.do(t, userReq("/user/overloaded", "dora"))
+		wantStatus(t, r, 503)
+		if l := n.lastAccess(t, lines+1); l.ratelimit != "overloaded" {
+			t.Errorf("access log of rategate's 503 at its connection limit: %s; want ratelimit=overloaded", l.raw)
+		}
 		// A denial with deny_status: 403: every variant answers 429.
 		r = n.do(t, userReq("/user/deny-403", "dora"))
 		wantStatus(t, r, 429)

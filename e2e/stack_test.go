@@ -567,7 +567,8 @@ func startFakeRategate(t testing.TB) *fakeRategate {
 // ServeHTTP answers by the original URI: .../bad-request gets 400 (what
 // rategate says when NGINX fails to send a header), .../deny-403 a denial
 // as with deny_status: 403, .../store-down 503 (rategate's failure_mode:
-// deny), anything else 204 with one header.
+// deny), .../overloaded the bare 503 of rategate at its connection limit,
+// anything else 204 with one header.
 func (f *fakeRategate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n, _ := io.Copy(io.Discard, r.Body)
 	f.mu.Lock()
@@ -584,6 +585,12 @@ func (f *fakeRategate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.Contains(uri, "/store-down"):
 		w.Header().Set("X-RateLimit-Status", "unavailable")
 		http.Error(w, "rate-limit store unavailable", http.StatusServiceUnavailable)
+	case strings.Contains(uri, "/overloaded"):
+		// what rategate's server (handler.NewServer) answers a connection
+		// beyond its MaxConns: fasthttp's own 503, without the handler's
+		// headers (handler's TestServerMaxConns)
+		w.Header().Set("Connection", "close")
+		http.Error(w, "The connection cannot be served because Server.Concurrency limit exceeded", http.StatusServiceUnavailable)
 	default:
 		w.Header().Set("X-RateLimit-Limit", "1000")
 		w.WriteHeader(http.StatusNoContent)

@@ -198,12 +198,18 @@ func TestServerMaxConns(t *testing.T) {
 		status, _ := readStatus(t, bufio.NewReader(conns[i]))
 		equal(t, 204, status)
 	}
-	// The fifth gets a clear 503 and is closed.
+	// The fifth gets a clear 503 and is closed. It carries none of the
+	// handler's headers: no X-RateLimit-Status, by which NGINX's access
+	// log (rategate-status.conf) tells it from a store-down 503.
 	c := dial(t, addr)
 	_, _ = io.WriteString(c, goodRequest)
-	status, body := readStatus(t, bufio.NewReader(c))
-	equal(t, 503, status)
-	check(t, strings.Contains(body, "Concurrency limit exceeded"), "503 body %q does not say why", body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	noErr(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	equal(t, 503, resp.StatusCode)
+	check(t, strings.Contains(string(b), "Concurrency limit exceeded"), "503 body %q does not say why", b)
+	check(t, resp.Header.Get("X-RateLimit-Status") == "", "the 503 at the connection limit says X-RateLimit-Status %q", resp.Header.Get("X-RateLimit-Status"))
 
 	// One leaves; a new connection is served again.
 	conns[0].Close()

@@ -28,7 +28,7 @@ func TestOutOfFileDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "rategate.yaml")
-	writeFile(t, cfg, "rules:\n  - name: login\n    match: {path: /login}\n    key: [ip]\n    algorithm: fixed_window\n    limit: 5\n    period: 1h\n")
+	writeFile(t, cfg, "rules:\n  - name: login\n    match: {path: /login}\n    key: [ip]\n    algorithm: sliding_log\n    limit: 5\n    period: 1h\n")
 	rg, err := procs.StartRategate(procs.Options{Name: "nofile", Bin: wrapper, Dir: dir, Args: []string{"-config", cfg}})
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ identity:
 rules:
   - name: per-user
     key: [user]
-    algorithm: fixed_window
+    algorithm: sliding_log
     limit: 1
     period: 1h
 `

@@ -36,7 +36,7 @@ type stack struct {
 // anything else = a fresh real redis-server.
 func newStack(t *testing.T, yaml, redisAddr string) *stack {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(yaml))
+	cfg, err := config.Parse("test.yaml", []byte(steadyHours(yaml)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -190,7 +190,7 @@ func TestDenyCacheResubscribeClears(t *testing.T) {
 // limited and as cached per rule, never reach the store, and the cache's
 // size is exported, all on the admin listener's /metrics.
 func TestDenyCacheMetrics(t *testing.T) {
-	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	cfg, err := config.Parse("test.yaml", []byte(steadyHours(denyYAML)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestDenyCacheObservedAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
-	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	cfg, err := config.Parse("test.yaml", []byte(steadyHours(denyYAML)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestDenyCacheObservedAllocs(t *testing.T) {
 // the data is logged too.
 func TestRedisDataLoss(t *testing.T) {
 	srv := testredis.Start(t)
-	cfg, err := config.Parse("test.yaml", []byte(denyYAML))
+	cfg, err := config.Parse("test.yaml", []byte(steadyHours(denyYAML)))
 	if err != nil {
 		t.Fatal(err)
 	}

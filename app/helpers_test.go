@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/rategate/rategate/config"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // within polls cond every 10ms for at most d; it returns the time it took,
@@ -74,6 +75,23 @@ func (s *syncBuffer) lines(substr string) int {
 	return n
 }
 
+// steadyHours writes the "period: 1h" of every fixed_window and
+// sliding_window rule of a test's config as storetest.SteadyDuration() (1h
+// and a few seconds or minutes, its window at least half an hour from its
+// end when the test process started): a test that counts in an hour-long
+// window on Redis's clock would find the limit whole again if it ran across
+// the full hour. Rules of other algorithms have no window to turn over and
+// keep their period.
+func steadyHours(yaml string) string {
+	blocks := strings.SplitAfter(yaml, "\n  - ")
+	for i, b := range blocks {
+		if strings.Contains(b, "algorithm: fixed_window\n") || strings.Contains(b, "algorithm: sliding_window\n") {
+			blocks[i] = strings.ReplaceAll(b, "period: 1h\n", "period: "+storetest.SteadyDuration().String()+"\n")
+		}
+	}
+	return strings.Join(blocks, "")
+}
+
 // fileApp starts an App on a config file holding yaml, logging to log, and
 // returns it with a function that rewrites the file (for Reload).
 func fileApp(t *testing.T, yaml string, log zerolog.Logger) (*App, func(string)) {
@@ -81,7 +99,7 @@ func fileApp(t *testing.T, yaml string, log zerolog.Logger) (*App, func(string))
 	path := filepath.Join(t.TempDir(), "rategate.yaml")
 	write := func(s string) {
 		t.Helper()
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(steadyHours(s)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -103,7 +121,7 @@ func fileApp(t *testing.T, yaml string, log zerolog.Logger) (*App, func(string))
 // subscription to key resets is up.
 func redisApp(t *testing.T, yaml string, set func(*config.Config)) *App {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(yaml))
+	cfg, err := config.Parse("test.yaml", []byte(steadyHours(yaml)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func closeAfterOutage(t *testing.T, closeApp func(*testredis.Controlled, *App)) 
 `
 	prefix := uniquePrefix(t)
 	open := func() *App {
-		cfg, err := config.Parse("test.yaml", []byte(yaml))
+		cfg, err := config.Parse("test.yaml", []byte(steadyHours(yaml)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rategate/rategate/internal/procs"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // This file runs rategate processes and reads their vital signs.
@@ -46,6 +47,11 @@ const rulesYAML = `rules:
     period: 1h
 `
 
+// steadyRules is rulesYAML with its hour-long periods a little longer
+// (storetest.SteadyDuration): a window that turned over in a test's
+// middle would give /window its limit whole again.
+var steadyRules = strings.ReplaceAll(rulesYAML, "period: 1h\n", "period: "+storetest.SteadyDuration().String()+"\n")
+
 // exactLimit is the limit of the /gcra and /window rules.
 const exactLimit = 10
 
@@ -72,7 +78,7 @@ func startGateTimeout(t *testing.T, name, redisAddr, mode string, share int, tim
 	t.Helper()
 	dir := t.TempDir()
 	cfg := fmt.Sprintf("redis:\n  url: redis://%s/0\n  timeout: %s\n  functions: %v\nfailure_mode: %s\nlocal_share: %d\n%s",
-		redisAddr, timeout, *functions, mode, share, rulesYAML)
+		redisAddr, timeout, *functions, mode, share, steadyRules)
 	cfgPath := filepath.Join(dir, "rategate.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

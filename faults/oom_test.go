@@ -11,6 +11,7 @@ import (
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/memstore"
 	"github.com/rategate/rategate/limits/redisstore"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // TestFullRedisIsNotAPass: a Redis run with maxmemory and noeviction that
@@ -38,7 +39,7 @@ func TestFullRedisIsNotAPass(t *testing.T) {
 	local := memstore.NewSweeping(time.Hour)
 	defer local.Close()
 	rule := &limits.Rule{Name: "per-ip", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow,
-		Limit: 3, Period: time.Hour, Burst: 3, Cost: 1}
+		Limit: 3, Period: storetest.SteadyDuration(), Burst: 3, Cost: 1}
 	l := limits.New(limits.Options{Store: store, Breaker: b, Prefix: "rg", Rules: []*limits.Rule{rule},
 		Fallback: local, LocalShare: 1, FailureMode: limits.FailAllow})
 

@@ -102,7 +102,7 @@ func TestDenyCacheRetryCountsFromTheAnswer(t *testing.T) {
 	m := memstore.New()
 	t.Cleanup(func() { m.Close() })
 	const delay = 50 * time.Millisecond
-	l := limits.New(limits.Options{Store: slowStore{m, delay}, Prefix: "rg", Rules: []*limits.Rule{dcFixed(1, time.Hour)},
+	l := limits.New(limits.Options{Store: slowStore{m, delay}, Prefix: "rg", Rules: []*limits.Rule{dcFixed(1, storetest.SteadyDuration())},
 		DenyCache: limits.NewDenyCache(100)})
 	var d limits.Decision
 	ask := func() time.Time {

@@ -731,7 +731,7 @@ func TestDenyCacheFullSweepsAmortized(t *testing.T) {
 // measured from before the store call, and reports the store's own retry
 // time (Retry-After is not shortened).
 func TestDenyCacheRealClock(t *testing.T) {
-	l, c := dcLimiter(t, 100, dcFixed(1, time.Hour))
+	l, c := dcLimiter(t, 100, dcFixed(1, storetest.SteadyDuration()))
 	var d limits.Decision
 	ask := func() {
 		t.Helper()

@@ -239,8 +239,8 @@ func TestIdentityExpiry(t *testing.T) {
 // TestIdentityRanges: an ip range holds every address in it, after the
 // exact entries; with more key parts, those must match too.
 func TestIdentityRanges(t *testing.T) {
-	r := &limits.Rule{Name: "per-ip", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
-	multi := &limits.Rule{Name: "ip-route", Key: []limits.KeyPart{{Kind: limits.KeyRoute}, {Kind: limits.KeyIP}}, Algorithm: limits.FixedWindow, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
+	r := &limits.Rule{Name: "per-ip", Key: []limits.KeyPart{{Kind: limits.KeyIP}}, Algorithm: limits.SlidingLog, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
+	multi := &limits.Rule{Name: "ip-route", Key: []limits.KeyPart{{Kind: limits.KeyRoute}, {Kind: limits.KeyIP}}, Algorithm: limits.SlidingLog, Limit: 1, Period: time.Hour, Burst: 1, Cost: 1}
 	tb := limits.NewIdentityTable(map[string]limits.IdentityEntry{"10.1.2.3": {Rule: r.Derive(limits.IdentityBlock)}},
 		[]limits.IdentityRange{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), Entry: limits.IdentityEntry{Rule: r.Derive(limits.IdentityExempt)}}})
 	mtb := limits.NewIdentityTable(nil, []limits.IdentityRange{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), IP: 1, Parts: []string{"/health", ""},

@@ -11,6 +11,7 @@ import (
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
 	"github.com/rategate/rategate/limits/redisstore"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // TestLeaseIdleReturnSurvivesARedisRestart: docs/failure.md, "Redis
@@ -32,7 +33,7 @@ func TestLeaseIdleReturnSurvivesARedisRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
-	r := leasedRule("per-user", limits.FixedWindow, 100, time.Hour, limits.KeyPart{Kind: limits.KeyUser})
+	r := leasedRule("per-user", limits.FixedWindow, 100, storetest.SteadyDuration(), limits.KeyPart{Kind: limits.KeyUser})
 	prefix := fmt.Sprintf("or%d", time.Now().UnixNano()%1_000_000)
 	mk := func(id string) *limits.Limiter {
 		return limits.New(limits.Options{Store: rs, Prefix: prefix, Rules: []*limits.Rule{r}, Leaser: rs, FailureMode: limits.FailDeny,

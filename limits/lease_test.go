@@ -512,7 +512,7 @@ func TestLeaseConcurrentExact(t *testing.T) {
 			for ai, algo := range leasable() {
 				t.Run(string(algo), func(t *testing.T) {
 					const limit = 3000
-					r := leasedRule("global", algo, limit, time.Hour)
+					r := leasedRule("global", algo, limit, storetest.ConcurrencyPeriod)
 					prefix := fmt.Sprintf("lc%d-%d", time.Now().UnixNano()%1_000_000, ai)
 					var lims []*limits.Limiter
 					for i := 0; i < 3; i++ {

@@ -20,7 +20,7 @@ import (
 func TestDecideManyFailingDecisionKeepsAtMostItsAdmissions(t *testing.T) {
 	client, lib := withLibrary(t) // a fresh library: rg_careful 0
 	ctx := context.Background()
-	fw := minuteRule("fixed_window", 10)
+	fw := steadyRule("fixed_window", 10)
 	look := fw
 	look[4] = 0
 	for _, sp := range []string{"m", "o"} {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rategate/rategate/internal/testredis"
 	"github.com/rategate/rategate/limits"
+	"github.com/rategate/rategate/limits/storetest"
 )
 
 // manyDecision is one decision of a DecideMany call: its keys and
@@ -461,7 +462,7 @@ func TestDecideManyIsolatesErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UnixMicro()
-	fw := [5]int64{1, 2, 60_000_000, 2, 1}
+	fw := [5]int64{1, 2, steadyUS, 2, 1}
 	ds := []manyDecision{
 		{[]string{"a"}, decideArgv(now, fw)},
 		{[]string{"list"}, decideArgv(now, fw)},
@@ -546,7 +547,7 @@ func TestDecideManyLongReply(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
 	now := time.Now().UnixMicro()
-	fw := [5]int64{1, 2, 60_000_000, 2, 1}
+	fw := [5]int64{1, 2, steadyUS, 2, 1}
 	sized := map[bool]bool{}
 	for _, way := range manyWays(client, lib) {
 		for _, m := range []int{950, 1300, 1500} {
@@ -609,7 +610,7 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UnixMicro()
 	key := "rg:{b}:k"
-	if err := client.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{3, 5, 60_000_000, 5, 2})...).Err(); err != nil {
+	if err := client.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{3, 5, steadyUS, 5, 2})...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	before := testredis.KeyState(t, client, key)
@@ -660,8 +661,8 @@ func TestDecideManyBadCheckWritesNothing(t *testing.T) {
 func TestDecideManyOneTime(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
-	sw := [5]int64{3, 100, 60_000_000, 100, 1}
-	tb := [5]int64{5, 100, 60_000_000, 100, 1}
+	sw := [5]int64{3, 100, steadyUS, 100, 1}
+	tb := [5]int64{5, 100, steadyUS, 100, 1}
 	var ds []manyDecision
 	for i := range 10 {
 		ds = append(ds, manyDecision{[]string{fmt.Sprintf("k%d", i)}, decideArgv(0, tb)})
@@ -707,7 +708,7 @@ func TestDecideManyOneTime(t *testing.T) {
 func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
-	period := int64(60_000_000)
+	period := steadyUS
 	// both records written at one instant: a conversion keeps the part of
 	// a unit already drained, so records written apart convert apart
 	at := time.Now().UnixMicro()
@@ -750,10 +751,16 @@ func TestDecideManyHeldKeyReadInOrder(t *testing.T) {
 	}
 }
 
-// minuteRule is a check of algo at limit per minute (burst = limit), cost 1,
-// in decideArgv's order.
-func minuteRule(algo string, limit int64) [5]int64 {
-	return [5]int64{int64(Code(algo)), limit, 60_000_000, limit, 1}
+// steadyUS is these tests' period: an hour or a little more, its window
+// at least half an hour from its end (storetest.SteadyPeriod). A check
+// decided at time.Now() in a minute-long window lost its record when the
+// real minute ended in the test's middle (Redis expires it on its clock).
+var steadyUS = storetest.SteadyPeriod()
+
+// steadyRule is a check of algo at limit per steadyUS (burst = limit), cost
+// 1, in decideArgv's order.
+func steadyRule(algo string, limit int64) [5]int64 {
+	return [5]int64{int64(Code(algo)), limit, steadyUS, limit, 1}
 }
 
 // TestDeniedRequestLeavesRecords: a check before the one that denies a
@@ -769,9 +776,9 @@ func minuteRule(algo string, limit int64) [5]int64 {
 // ways are checked; a script starts afresh on every call.
 func TestDeniedRequestLeavesRecords(t *testing.T) {
 	ctx := context.Background()
-	fw := minuteRule("fixed_window", 10)
-	sw := minuteRule("sliding_window", 10)
-	gate := minuteRule("fixed_window", 1)
+	fw := steadyRule("fixed_window", 10)
+	sw := steadyRule("sliding_window", 10)
+	gate := steadyRule("fixed_window", 1)
 	for _, way := range []string{"FCALL decide", "EVALSHA decide", "decide_many"} {
 		client, lib := withLibrary(t)
 		// decide.lua's reply, asked the way named
@@ -860,8 +867,8 @@ func TestDeniedRequestLeavesRecords(t *testing.T) {
 func TestCarefulAfterUndo(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
-	fw := minuteRule("fixed_window", 1000)
-	gate := minuteRule("fixed_window", 1)
+	fw := steadyRule("fixed_window", 1000)
+	gate := steadyRule("fixed_window", 1)
 	k := inSpace("careful")
 	now := time.Now().UnixMicro()
 	decide := func(keys []string, checks ...[5]int64) {
@@ -915,7 +922,7 @@ func TestCarefulAfterUndo(t *testing.T) {
 func TestUnknownCodeWritesNothing(t *testing.T) {
 	client, lib := withLibrary(t)
 	ctx := context.Background()
-	fw := minuteRule("fixed_window", 5)
+	fw := steadyRule("fixed_window", 5)
 	bad := fw
 	bad[0] = 9
 	now := time.Now().UnixMicro()
@@ -960,9 +967,9 @@ func TestUnknownCodeWritesNothing(t *testing.T) {
 func TestScriptsHandBack(t *testing.T) {
 	client, _ := withLibrary(t)
 	ctx := context.Background()
-	fw := minuteRule("fixed_window", 1000)
-	sw := minuteRule("sliding_window", 1000)
-	gate := minuteRule("fixed_window", 1)
+	fw := steadyRule("fixed_window", 1000)
+	sw := steadyRule("sliding_window", 1000)
+	gate := steadyRule("fixed_window", 1)
 	k := inSpace("scripts")
 	now := time.Now().UnixMicro()
 	run := func(keys []string, checks ...[5]int64) ([]any, error) {
@@ -1008,7 +1015,7 @@ func TestShapeCache(t *testing.T) {
 		var cmds []*redis.Cmd
 		for i := range int64(4500) {
 			key := fmt.Sprintf("rg:{cache%d:%d}:fw", round, i)
-			cmds = append(cmds, pipe.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{fw, 10 + i, 60_000_000, 10 + i, 1})...))
+			cmds = append(cmds, pipe.FCall(ctx, lib.Decide, []string{key}, decideArgv(now, [5]int64{fw, 10 + i, steadyUS, 10 + i, 1})...))
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			t.Fatal(err)
@@ -1022,7 +1029,7 @@ func TestShapeCache(t *testing.T) {
 	}
 	// the same numbers as a shadow: a shadow of a spent limit admits
 	key := "rg:{cache:shadow}:fw"
-	argv := decideArgv(now, [5]int64{fw, 1, 60_000_000, 1, 1})
+	argv := decideArgv(now, [5]int64{fw, 1, steadyUS, 1, 1})
 	for i, want := range []int64{1, 0} {
 		if r, err := client.FCall(ctx, lib.Decide, []string{key}, argv...).Int64Slice(); err != nil || r[0] != want {
 			t.Fatalf("call %d: %v, %v; want admitted %d", i, r, err, want)

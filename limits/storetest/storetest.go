@@ -55,6 +55,10 @@ var SteadyPeriod = sync.OnceValue(func() int64 {
 	return p
 })
 
+// SteadyDuration is SteadyPeriod as a duration, for a rule's Period or a
+// config's "period:" (time.Duration's String, which config takes).
+func SteadyDuration() time.Duration { return time.Duration(SteadyPeriod()) * time.Microsecond }
+
 func DecideOne(t *testing.T, s limits.Store, c limits.Check, now int64) limits.Result {
 	t.Helper()
 	var r [1]limits.Result

@@ -331,8 +331,8 @@ func (h *Handler) listedNames(dst []bool, list []byte, names []string) []bool {
 			}
 			l = append(l, c)
 		}
-		if i, ok := x.pos[string(l)]; ok {
-			dst[len(dst)-len(names)+i] = true
+		if k, ok := x.pos[string(l)]; ok {
+			dst[len(dst)-len(names)+k] = true
 		}
 	}
 	return dst

@@ -94,7 +94,19 @@ type lingerConn struct {
 	// Close take this one off it once.
 	open   *atomic.Int64
 	closed atomic.Bool
+	// read is set by the first Read. A connection closed before any read
+	// is one the accept loop refused (fasthttp's 503 past Concurrency):
+	// its lingering close must not run on the accept goroutine.
+	read atomic.Bool
 }
+
+// maxBackgroundLingers bounds the refused connections lingering at once
+// off the accept loop; past it one closes at once (its client may see a
+// reset instead of the 503).
+const maxBackgroundLingers = 256
+
+// backgroundLingers holds a token per refused connection lingering.
+var backgroundLingers = make(chan struct{}, maxBackgroundLingers)
 
 // crowdedConns is the number of open connections from which Serve closes
 // a connection after a request head over bigHead (a variable for tests).
@@ -109,6 +121,7 @@ func crowded(c net.Conn) bool {
 
 // Read records the client's end of the stream.
 func (c *lingerConn) Read(b []byte) (int, error) {
+	c.read.Store(true)
 	n, err := c.TCPConn.Read(b)
 	if err == io.EOF {
 		c.peerDone.Store(true)
@@ -132,7 +145,10 @@ func (c *lingerConn) lingers() bool {
 }
 
 // Close half-closes, drains what the client still sends, then closes (see
-// lingers).
+// lingers). A connection never read from is one fasthttp's accept loop
+// refused: it lingers on a goroutine of its own (at most
+// maxBackgroundLingers at once), so that a client holding such
+// connections open cannot hold every later accept for lingerTime each.
 func (c *lingerConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.open.Add(-1)
@@ -140,6 +156,23 @@ func (c *lingerConn) Close() error {
 	if !c.lingers() {
 		return c.TCPConn.Close()
 	}
+	if !c.read.Load() {
+		select {
+		case backgroundLingers <- struct{}{}:
+			go func() {
+				defer func() { <-backgroundLingers }()
+				_ = c.linger()
+			}()
+			return nil
+		default:
+			return c.TCPConn.Close()
+		}
+	}
+	return c.linger()
+}
+
+// linger is the lingering close itself.
+func (c *lingerConn) linger() error {
 	if err := c.CloseWrite(); err != nil {
 		return c.TCPConn.Close()
 	}

@@ -114,6 +114,8 @@ func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if a == "" {
 		a = defaultCLI
 	}
+	// As the server takes it: a token file's newline is not part of it.
+	t = strings.TrimSpace(t)
 	c := &client{base: "http://" + dialable(a), token: t, json: *asJSON, out: stdout, errOut: stderr,
 		http: &http.Client{Timeout: *timeout}}
 	cmd, rest := pos[0], pos[1:]

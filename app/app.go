@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,6 +108,11 @@ type App struct {
 // mode until it is up) and starts the background tasks, but does not
 // listen: Run does. Close releases everything.
 func New(cfg *config.Config, opts Options) (*App, error) {
+	// As config does for admin.token: a client's credential is trimmed,
+	// so the token is too (RATEGATE_ADMIN_TOKEN from a file ends in a
+	// newline), and its white space does not count toward its length.
+	opts.AdminToken = strings.TrimSpace(opts.AdminToken)
+	cfg.Admin.Token = strings.TrimSpace(cfg.Admin.Token)
 	a := &App{opts: opts, log: opts.Log, cfg: cfg}
 	if opts.AdminToken != "" {
 		cfg.Admin.Token = opts.AdminToken

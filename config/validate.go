@@ -133,7 +133,10 @@ func validate(d *decoder, raw *rawConfig) *Config {
 		}
 	}
 	if v := &raw.Admin.Token; v.ok() {
-		c.Admin.Token = v.V
+		// The admin API trims the credential a client sends: a token
+		// with white space around it (a newline from a file) would match
+		// none, and the white space would count toward its length.
+		c.Admin.Token = strings.TrimSpace(v.V)
 	}
 	if v := &raw.Admin.Listen; v.ok() {
 		c.Admin.Listen = v.V

@@ -119,8 +119,15 @@ func (s *Server) identityError(ctx *fasthttp.RequestCtx, rule string, err error)
 func (s *Server) listIdentities(ctx *fasthttp.RequestCtx, ids *policy.Identities, r *limits.Rule, args *fasthttp.Args) {
 	var problems []string
 	n := 1000
+	seen := map[string]bool{}
 	for k, v := range args.All() {
-		switch key := string(k); key {
+		key := string(k)
+		if seen[key] {
+			problems = append(problems, key+": given twice; give it once")
+			continue
+		}
+		seen[key] = true
+		switch key {
 		case "n":
 			var err error
 			if n, err = atoiRange(string(v), 1, maxIdentityPage); err != nil {

@@ -198,9 +198,22 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 		writeError(ctx, fasthttp.StatusNotFound, "no such rule \""+name+"\"", nil)
 		return
 	}
+	// A parameter that names no dimension of the rule (a misspelt ?usr=
+	// beside ?ip=) would leave another identity named: refused, as the
+	// identity endpoints refuse it.
+	var unknown problemList
+	for k := range ctx.QueryArgs().All() {
+		if _, ok := dimensionParam(r, string(k)); !ok {
+			unknown = append(unknown, fmt.Sprintf("%s: not a dimension of rule %q, which is keyed on [%s]", k, r.Name, strings.Join(dimensionNames(r), ", ")))
+		}
+	}
 	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()), s.pathParams(), true)
-	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", err.(problemList))
+	if err != nil || len(unknown) > 0 {
+		var problems problemList
+		if err != nil {
+			problems = err.(problemList)
+		}
+		writeError(ctx, fasthttp.StatusBadRequest, "cannot build the key of rule \""+name+"\"", append(unknown, problems...))
 		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), s.timeout)

@@ -43,6 +43,11 @@ type Manager struct {
 	syncEvery time.Duration
 	now       func() time.Time
 
+	// writeMu serializes SetOverride and DeleteOverride, whose store
+	// calls run without mu: a stalled store must not hold every reader
+	// of mu (scrapes, reloads, syncs, expiries) for the call's timeout.
+	writeMu sync.Mutex
+
 	mu       sync.Mutex // guards everything below
 	file     []*limits.Rule
 	source   string
@@ -369,11 +374,14 @@ func (m *Manager) SetOverride(ctx context.Context, name string, body []byte) (Ru
 	if err != nil {
 		return RuleView{}, err
 	}
+	m.writeMu.Lock()
+	defer m.writeMu.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	r := m.fileRule(name)
+	source := m.source
+	m.mu.Unlock()
 	if r == nil {
-		return RuleView{}, fmt.Errorf("%w %q in %s", ErrUnknownRule, name, m.source)
+		return RuleView{}, fmt.Errorf("%w %q in %s", ErrUnknownRule, name, source)
 	}
 	if _, err := Apply(r, &o); err != nil {
 		return RuleView{}, err
@@ -382,9 +390,13 @@ func (m *Manager) SetOverride(ctx context.Context, name string, body []byte) (Ru
 	if err != nil {
 		return RuleView{}, err
 	}
+	// Without mu (writeMu keeps writes in order): a reload in between is
+	// applied to the override as to any stored one (apply).
 	if err := m.store.Set(ctx, name, string(b)); err != nil {
 		return RuleView{}, &StoreError{err}
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.gen++
 	m.raw = maps.Clone(m.raw)
 	m.raw[name] = string(b)
@@ -398,15 +410,20 @@ func (m *Manager) SetOverride(ctx context.Context, name string, body []byte) (Ru
 // DeleteOverride removes a rule's override; the file's values apply again.
 // Deleting a rule that has none is not an error.
 func (m *Manager) DeleteOverride(ctx context.Context, name string) (RuleView, error) {
+	m.writeMu.Lock()
+	defer m.writeMu.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	_, had := m.raw[name]
-	if m.fileRule(name) == nil && !had {
-		return RuleView{}, fmt.Errorf("%w %q in %s, and no override stored for it", ErrUnknownRule, name, m.source)
+	known, source := m.fileRule(name) != nil, m.source
+	m.mu.Unlock()
+	if !known && !had {
+		return RuleView{}, fmt.Errorf("%w %q in %s, and no override stored for it", ErrUnknownRule, name, source)
 	}
 	if err := m.store.Delete(ctx, name); err != nil {
 		return RuleView{}, &StoreError{err}
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.gen++
 	m.raw = maps.Clone(m.raw)
 	delete(m.raw, name)

@@ -20,21 +20,26 @@ func TestKeyResetRefusesARepeatedParameter(t *testing.T) {
 		s.ask(a...)
 		s.ask(b...)
 	}
-	for _, uri := range []string{
+	wantKeyCallsRefused(t, s, "given twice",
 		"/v1/keys/r?ip=192.0.2.7&ip=192.0.2.8&header.X-Plan=free",
-		"/v1/keys/r?ip=192.0.2.7&header.X-Plan=free&header.x-plan=gold",
-	} {
-		for _, method := range []string{"GET", "DELETE"} {
-			code, out := call(t, s.admin, method, uri, "")
-			if code != 400 || !strings.Contains(out, "given twice") {
-				t.Errorf("%s %s: %d %s, want 400 naming the parameter given twice", method, uri, code, out)
-			}
-		}
-	}
+		"/v1/keys/r?ip=192.0.2.7&header.X-Plan=free&header.x-plan=gold")
 	if got := s.ask(a...); got != 429 {
 		t.Errorf("192.0.2.7 after the refused resets: %d, want 429 (nothing reset)", got)
 	}
 	if got := s.ask(b...); got != 429 {
 		t.Errorf("192.0.2.8 after the refused resets: %d, want 429 (nothing reset)", got)
+	}
+}
+
+// wantKeyCallsRefused checks that GET and DELETE of each /v1/keys uri
+// answer 400 with want in the body.
+func wantKeyCallsRefused(t *testing.T, s *stack, want string, uris ...string) {
+	t.Helper()
+	for _, uri := range uris {
+		for _, method := range []string{"GET", "DELETE"} {
+			if code, out := call(t, s.admin, method, uri, ""); code != 400 || !strings.Contains(out, want) {
+				t.Errorf("%s %s: %d %.300s, want 400 saying %q", method, uri, code, out, want)
+			}
+		}
 	}
 }

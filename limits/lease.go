@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rategate/rategate/internal/tick"
 )
 
 // Leases: exact quota for hot keys (rules with lease: true).
@@ -1331,17 +1333,10 @@ func (l *Limiter) RunLeases(ctx context.Context) {
 	if lt == nil {
 		return
 	}
-	t := time.NewTicker(leaseSweepEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, leaseSweepEvery, func() {
 		lt.sweep(lt.clock(0))
 		lt.runJobs(ctx, l, 0)
-	}
+	})
 }
 
 // SweepLeasesAt runs one sweep and the returns it queued at the store clock

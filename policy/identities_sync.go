@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/rategate/rategate/internal/tick"
 	"github.com/rategate/rategate/limits"
 )
 
@@ -593,16 +594,7 @@ func (x *Identities) Run(ctx context.Context) {
 	retired := make(chan struct{})
 	go func() {
 		defer close(retired)
-		t := time.NewTicker(x.every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				x.retire(ctx)
-			}
-		}
+		tick.Every(ctx, x.every, func() { x.retire(ctx) })
 	}()
 	defer func() { <-retired }()
 	events := x.store.Watch(ctx)

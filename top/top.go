@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rategate/rategate/internal/tick"
 )
 
 // The top-denied sketch: for each rule, one Space-Saving summary per minute
@@ -293,20 +295,13 @@ func (t *Top) RunPublisher(ctx context.Context, failed func()) {
 	if t.shared == nil {
 		return
 	}
-	tk := time.NewTicker(TopPublishEvery)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-			pctx, cancel := context.WithTimeout(ctx, time.Second)
-			if err := t.Publish(pctx); err != nil && failed != nil {
-				failed()
-			}
-			cancel()
+	tick.Every(ctx, TopPublishEvery, func() {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		if err := t.Publish(pctx); err != nil && failed != nil {
+			failed()
 		}
-	}
+		cancel()
+	})
 }
 
 // Denied is one identity in a top list.

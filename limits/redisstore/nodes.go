@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rategate/rategate/internal/tick"
 	"github.com/rategate/rategate/limits"
 
 	"github.com/redis/go-redis/v9"
@@ -217,18 +218,11 @@ func (n *clusterNodes) reloadSoon() {
 
 // run reloads the slot map every slotMapReloadEvery until ctx ends.
 func (n *clusterNodes) run(ctx context.Context) {
-	t := time.NewTicker(slotMapReloadEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			_ = n.reload(rctx)
-			cancel()
-		}
-	}
+	tick.Every(ctx, slotMapReloadEvery, func() {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = n.reload(rctx)
+		cancel()
+	})
 }
 
 // allRefusing reports whether every primary known so far has its breaker

@@ -312,16 +312,9 @@ func openSentinel(fo *redis.FailoverOptions, o Options) (*Store, error) {
 		s.log.Load().Info().Str("master", fo.MasterName).Str("primary", addr).Msg("the sentinels name a new primary; following it")
 	})
 	if !s.bg.goRun(w.run) {
-		w.run(canceled())
+		w.close()
 	}
 	return s, nil
-}
-
-// canceled returns a context that is already done.
-func canceled() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
 }
 
 // noRetries turns off go-redis's own resending. A decision is not

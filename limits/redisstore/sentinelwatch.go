@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rategate/rategate/internal/tick"
 )
 
 // go-redis follows a Sentinel switch through one subscription to
@@ -59,21 +61,16 @@ func newSentinelWatch(client *redis.Client, fo *redis.FailoverOptions, onNew fun
 	return w
 }
 
+// run looks every sentinelWatchInterval until ctx ends, then closes the
+// sentinel clients.
 func (w *sentinelWatch) run(ctx context.Context) {
-	defer func() {
-		for _, sc := range w.sentinels {
-			sc.Close()
-		}
-	}()
-	t := time.NewTicker(sentinelWatchInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		w.look(ctx)
+	defer w.close()
+	tick.Every(ctx, sentinelWatchInterval, func() { w.look(ctx) })
+}
+
+func (w *sentinelWatch) close() {
+	for _, sc := range w.sentinels {
+		sc.Close()
 	}
 }
 

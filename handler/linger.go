@@ -121,7 +121,9 @@ func crowded(c net.Conn) bool {
 
 // Read records the client's end of the stream.
 func (c *lingerConn) Read(b []byte) (int, error) {
-	c.read.Store(true)
+	if !c.read.Load() { // a plain load per read after the first, not a store
+		c.read.Store(true)
+	}
 	n, err := c.TCPConn.Read(b)
 	if err == io.EOF {
 		c.peerDone.Store(true)

@@ -27,7 +27,7 @@ const tryFilesConf = variantHead + `    server {
 }
 `
 
-// TestTryFilesNamedLocationCountsOnce: an internal redirect (try_files to
+// TestTryFilesNamedLocationCountsAsDocumented: an internal redirect (try_files to
 // a named location, error_page) runs the access phase again, in the
 // location it lands in, and auth_request and access_by_lua ask rategate
 // again there: a request served through "try_files $uri @app" with the
@@ -36,7 +36,7 @@ const tryFilesConf = variantHead + `    server {
 // docs/nginx.md says. The check turned off in @app, as docs/nginx.md
 // advises, counts each request once. (Should NGINX or the shipped snippets
 // stop asking twice, the first case fails: change the docs with it.)
-func TestTryFilesNamedLocationCountsOnce(t *testing.T) {
+func TestTryFilesNamedLocationCountsAsDocumented(t *testing.T) {
 	m := startMini(t)
 	needLuaModule(t)
 	rg := m.rategate(t, "rategate", policy(429, "tryfiles", "", `    - name: per-user

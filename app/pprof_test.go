@@ -1,8 +1,10 @@
 package app
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -45,4 +47,68 @@ func TestPprof(t *testing.T) {
 	if code != 200 || len(body) < 50 {
 		t.Fatalf("cpu profile: %d, %d bytes", code, len(body))
 	}
+}
+
+// TestPprofBadInput: net/http/pprof runs its default 30-second CPU profile
+// (1-second trace) on a seconds it cannot read, and answers a second
+// profile while one runs with a 500. Through the admin listener a
+// malformed, repeated or out-of-range seconds is a 400 that names it, a
+// method other than GET a 405, and a profile while another runs a 409.
+func TestPprofBadInput(t *testing.T) {
+	cfg := config.Example()
+	cfg.Admin.Token = "tok"
+	a, err := New(cfg, Options{Log: zerolog.Nop(), Pprof: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	c := serveOn(t, a.AdminHandler())
+	auth := []string{"Authorization", "Bearer tok"}
+	for _, q := range []string{
+		"profile?seconds=abc", "profile?seconds=-1", "profile?seconds=0", "profile?seconds=1.5",
+		"profile?seconds=100000", "profile?seconds=1&seconds=2", "profile?seconds=",
+		"trace?seconds=abc", "trace?seconds=-2", "trace?seconds=NaN", "trace?seconds=1e9",
+	} {
+		code, body := call(t, c, "GET", "/debug/pprof/"+q, "", auth...)
+		if code != 400 || !strings.Contains(body, "seconds") {
+			t.Errorf("%s: %d %.200s, want 400 naming seconds", q, code, body)
+		}
+	}
+	if code, body := call(t, c, "POST", "/debug/pprof/profile", "seconds=abc", append(auth, "Content-Type", "application/x-www-form-urlencoded")...); code != 405 {
+		t.Errorf("POST profile: %d %.200s, want 405", code, body)
+	}
+
+	// Two at once: one runs, the other is told why it did not.
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() {
+			code, _ := callErr(c, "/debug/pprof/profile?seconds=2", auth...)
+			codes <- code
+		}()
+	}
+	got := []int{<-codes, <-codes}
+	slices.Sort(got)
+	if got[0] != 200 || got[1] != 409 {
+		t.Fatalf("two CPU profiles at once: %v, want one 200 and one 409", got)
+	}
+	code, body := call(t, c, "GET", "/debug/pprof/profile?seconds=1", "", auth...)
+	if code != 200 || len(body) < 50 {
+		t.Fatalf("a CPU profile after the others ended: %d, %d bytes", code, len(body))
+	}
+}
+
+// callErr is call for a goroutine other than the test's: a failed request
+// is status 0.
+func callErr(c *fasthttp.HostClient, uri string, kv ...string) (int, string) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + uri)
+	for i := 0; i+1 < len(kv); i += 2 {
+		req.Header.Set(kv[i], kv[i+1])
+	}
+	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
+		return 0, err.Error()
+	}
+	return resp.StatusCode(), string(resp.Body())
 }

@@ -82,6 +82,13 @@ func changeSteps(rng *rand.Rand, s changeShape, n int) (adv, cost []int64) {
 // its script reads the key's TTL to extend it, and compares a TTL that
 // runs on Redis's clock with times on the test's; only the memory store's
 // expiry drops its key.)
+//
+// Redis also runs each TTL on its own clock, which the test's outruns: a
+// key given 2 ms (a record written a millisecond before its window ends)
+// can be gone at the next step, a few ms later under -race, while on the
+// test's clock it lives on. Such a step is lost to Redis's clock
+// (goneEarly): the memory store forgets the key too, and both go on from
+// there.
 type lockstep struct {
 	t       *testing.T
 	mem     *memstore.Store
@@ -90,6 +97,58 @@ type lockstep struct {
 	events  *redis.PubSub
 	expires int64 // when Redis drops the key on the test's clock; 0: no key
 	history []string
+	lost    int // steps lost to Redis's clock
+}
+
+// maxLost bounds the steps of one timeline lost to Redis's clock: each
+// needs a TTL of a few ms and a stall longer than it.
+const maxLost = 3
+
+// goneEarly reports whether Redis no longer holds key although on the
+// test's clock its TTL (ending at expires, µs; 0: no key) has not run out
+// at now. Nothing but Redis's own clock removes a key between two steps.
+func goneEarly(t *testing.T, rs *redisstore.Store, key string, expires, now int64) bool {
+	t.Helper()
+	if expires == 0 || now >= expires {
+		return false
+	}
+	n, err := rs.Client().Exists(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 0
+}
+
+// redisExpiry returns when Redis drops key on the test's clock (0: no
+// key), now being the instant of a decision sent at sent on the wall
+// clock, and the key's TTL as Redis reports it (-1: none, -2: no key). The
+// TTL runs on Redis's clock from the decision on: what is left of it plus
+// the time since sent (which covers the time since it was set) plus 1 ms
+// (PTTL rounds down) is at least what the decision set.
+func redisExpiry(t *testing.T, rs *redisstore.Store, key string, now int64, sent time.Time) (int64, time.Duration) {
+	t.Helper()
+	ttl, err := rs.Client().PTTL(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl < 0 {
+		return 0, ttl
+	}
+	return now + (ttl + time.Since(sent)).Microseconds() + 1000, ttl
+}
+
+// forget makes the memory store drop key as Redis did on its own clock
+// (the caller saw that), and fails the test past maxLost such steps.
+func forget(t *testing.T, mem *memstore.Store, c limits.Check, lost *int, what string) {
+	t.Helper()
+	*lost++
+	if *lost > maxLost {
+		t.Fatalf("%s: Redis expired %s on its own clock in more than %d steps", what, c.Key, maxLost)
+	}
+	t.Logf("%s: Redis expired %s on its own clock, before the test's clock said: the memory store forgets it too", what, c.Key)
+	if err := mem.Reset(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // newLockstep returns a lockstep on key; the Redis store must be the only
@@ -145,30 +204,40 @@ func (ls *lockstep) step(c limits.Check, now int64) limits.Result {
 	t.Helper()
 	// Redis expires keys on its own clock, which this one outruns: drop the
 	// key where its TTL has run out on this clock, and where memory has.
+	what := fmt.Sprintf("step %d", len(ls.history))
 	if (ls.expires != 0 && now >= ls.expires && c.Algorithm != limits.SlidingLog) || !ls.mem.HoldsAt(ls.key, now) {
 		if err := ls.rs.Reset(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 		ls.expires = 0
+	} else if goneEarly(t, ls.rs, ls.key, ls.expires, now) {
+		forget(t, ls.mem, c, &ls.lost, what)
+		ls.expires = 0
 	}
+	sent := time.Now()
 	onRedis := DecideOne(t, ls.rs, c, now)
 	set := ls.expireSet()
-	switch ttl, err := ls.rs.Client().PTTL(ctx, ls.key).Result(); {
-	case err != nil:
-		t.Fatal(err)
+	gone := false
+	switch expires, ttl := redisExpiry(t, ls.rs, ls.key, now, sent); {
 	case ttl == -1:
 		t.Fatalf("%s has no TTL after step %d\nhistory:\n%s", ls.key, len(ls.history), joinLines(ls.history))
 	case ttl < 0:
+		// set: this step gave the key a TTL that ran out before the
+		// look (on Redis's clock), after the decision read it
+		gone = set
 		ls.expires = 0
 	case set:
-		// The scripts round a TTL up to the ms; 1 ms more covers the time
-		// since it was set.
-		ls.expires = now + ttl.Microseconds() + 1000
+		// (The scripts round a TTL up to the ms: Redis may hold the key
+		// up to 1 ms longer than its counts count.)
+		ls.expires = expires
 	}
 	inMemory := DecideOne(t, ls.mem, c, now)
 	ls.history = append(ls.history, fmt.Sprintf("L=%d P=%d B=%d t=%d c=%d: %+v", c.Limit, c.PeriodUS, c.Burst, now, c.Cost, inMemory))
 	if onRedis != inMemory {
 		t.Fatalf("%s step %d: redis %+v, memory %+v\nhistory:\n%s", ls.key, len(ls.history)-1, onRedis, inMemory, joinLines(ls.history))
+	}
+	if gone && ls.mem.HoldsAt(ls.key, now) {
+		forget(t, ls.mem, c, &ls.lost, what)
 	}
 	return inMemory
 }

@@ -50,7 +50,32 @@ func newRategate(t testing.TB, name, dir, configPath, redisURL string) *rategate
 func (r *rategate) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
 
 // start runs the process and waits until /readyz says the store answers.
+// Its ports were free when picked; another process may have bound one
+// since (rategate then stops: "address already in use"). A first start
+// then tries two other ports; a restart keeps its ports, which NGINX was
+// given, and tries them again a little later.
 func (r *rategate) start(t testing.TB) {
+	t.Helper()
+	first := r.proc == nil
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		if err = r.try(t); err == nil || !strings.Contains(r.proc.logTail(), "address already in use") {
+			break
+		}
+		if first {
+			r.port, r.adminPort = testredis.FreePort(t), testredis.FreePort(t)
+		} else {
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	if err != nil {
+		t.Fatalf("%s did not become ready at %s: %v\nlog:\n%s", r.name, r.addr(), err, r.proc.logTail())
+	}
+}
+
+// try is one start: the process, and the wait for its /readyz (cut short
+// when it exits).
+func (r *rategate) try(t testing.TB) error {
 	t.Helper()
 	r.proc = startProcEnv(t, r.owner, r.env, r.name, filepath.Join(r.dir, r.name+".log"), r.bin,
 		"-config", r.configPath,
@@ -58,14 +83,16 @@ func (r *rategate) start(t testing.TB) {
 		"-admin-listen", "127.0.0.1:"+strconv.Itoa(r.adminPort),
 		"-redis", r.redisURL)
 	url := "http://" + r.addr() + "/readyz"
-	err := waitFor(10*time.Second, func() error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
 		if r.proc.exited() {
 			return fmt.Errorf("exited: %v", r.proc.Err())
 		}
-		return httpStatus(url, http.StatusOK)
-	})
-	if err != nil {
-		t.Fatalf("%s did not become ready at %s: %v\nlog:\n%s", r.name, url, err, r.proc.logTail())
+		err := httpStatus(url, http.StatusOK)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

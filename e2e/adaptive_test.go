@@ -83,22 +83,27 @@ scrape_configs:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port := testredis.FreePort(t)
-	api := "http://127.0.0.1:" + strconv.Itoa(port)
-	p := startProc(t, "prometheus", filepath.Join(dir, "prometheus.log"), bin,
-		"--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
-		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
-		"--log.level=warn")
-	if err := waitFor(30*time.Second, func() error {
-		if p.exited() {
-			return fmt.Errorf("exited: %v", p.Err())
-		}
-		return httpStatus(api+"/-/ready", http.StatusOK)
-	}); err != nil {
-		t.Fatalf("prometheus did not start: %v\n%s", err, p.logTail())
-	}
+	api, _ := startPrometheus(t, bin, dir, cfgPath)
 	return api
+}
+
+// startPrometheus runs Debian's Prometheus on the configuration at
+// cfgPath, its data under dir, and returns its base URL once it is ready,
+// and the process.
+func startPrometheus(t *testing.T, bin, dir, cfgPath string) (string, *proc) {
+	t.Helper()
+	tries := 0
+	port, p := startOnFreePort(t, "prometheus", 30*time.Second, func(port int) *proc {
+		tries++
+		return startProc(t, "prometheus", filepath.Join(dir, "prometheus.log"), bin,
+			"--config.file="+cfgPath,
+			"--storage.tsdb.path="+filepath.Join(dir, fmt.Sprintf("tsdb-%d", tries)),
+			"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
+			"--log.level=warn")
+	}, func(port int) error {
+		return httpStatus("http://127.0.0.1:"+strconv.Itoa(port)+"/-/ready", http.StatusOK)
+	})
+	return "http://127.0.0.1:" + strconv.Itoa(port), p
 }
 
 // adaptiveRule is one rule of GET /v1/rules, the parts this test reads.

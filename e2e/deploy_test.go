@@ -408,21 +408,7 @@ func runPrometheus(t *testing.T, bin, dir string, rg *rategate, token string, qs
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port := testredis.FreePort(t)
-	api := "http://127.0.0.1:" + strconv.Itoa(port)
-	p := startProc(t, "prometheus", filepath.Join(dir, "prometheus.log"), bin,
-		"--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
-		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
-		"--log.level=warn")
-	if err := waitFor(30*time.Second, func() error {
-		if p.exited() {
-			return fmt.Errorf("exited: %v", p.Err())
-		}
-		return httpStatus(api+"/-/ready", http.StatusOK)
-	}); err != nil {
-		t.Fatalf("prometheus did not start: %v\n%s", err, p.logTail())
-	}
+	api, p := startPrometheus(t, bin, dir, cfgPath)
 
 	// The token job is up; the one without the token gets a 401.
 	err = waitFor(30*time.Second, func() error {

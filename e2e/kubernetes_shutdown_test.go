@@ -92,14 +92,15 @@ func TestKubernetesTerminationKeepsServing(t *testing.T) {
 
 	redis := testredis.Start(t)
 	policy := configMapPolicy(t, dir)
-	listen := "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t))
-	admin := "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t))
-	proc := startProcEnv(t, t, []string{"RATEGATE_ADMIN_TOKEN=" + newToken(t), "RATEGATE_REDIS_URL=redis://" + redis.Addr + "/0"},
-		"rategate", filepath.Join(dir, "rategate.log"), rategateBinary(t),
-		"-config", policy, "-listen", listen, "-admin-listen", admin)
-	if err := waitFor(10*time.Second, func() error { return httpStatus("http://"+listen+"/readyz", http.StatusOK) }); err != nil {
-		t.Fatalf("%v\n%s", err, proc.logTail())
-	}
+	env := []string{"RATEGATE_ADMIN_TOKEN=" + newToken(t), "RATEGATE_REDIS_URL=redis://" + redis.Addr + "/0"}
+	port, proc := startOnFreePort(t, "rategate", 10*time.Second, func(port int) *proc {
+		admin := "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t))
+		return startProcEnv(t, t, env, "rategate", filepath.Join(dir, "rategate.log"), rategateBinary(t),
+			"-config", policy, "-listen", "127.0.0.1:"+strconv.Itoa(port), "-admin-listen", admin)
+	}, func(port int) error {
+		return httpStatus("http://127.0.0.1:"+strconv.Itoa(port)+"/readyz", http.StatusOK)
+	})
+	listen := "127.0.0.1:" + strconv.Itoa(port)
 
 	// A new connection per request, as ingress-nginx's auth-url opens them.
 	auth := func() error {

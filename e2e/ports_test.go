@@ -3,11 +3,13 @@
 package e2e
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/rategate/rategate/internal/testredis"
 )
@@ -49,5 +51,30 @@ func TestRategateStartsAgainOnFreePorts(t *testing.T) {
 	rg.start(t)
 	if rg.port != port || rg.adminPort != admin {
 		t.Fatalf("restarted on %d and %d, want %d and %d", rg.port, rg.adminPort, port, admin)
+	}
+}
+
+// TestStartOnFreePortTriesAnother: a server that exits saying its port
+// was taken is started again on another port.
+func TestStartOnFreePortTriesAnother(t *testing.T) {
+	dir := t.TempDir()
+	sh := func(name, script string) *proc {
+		return startProc(t, name, filepath.Join(dir, name+".log"), "/bin/sh", "-c", script)
+	}
+	var ports []int
+	port, p := startOnFreePort(t, "server", 5*time.Second, func(port int) *proc {
+		ports = append(ports, port)
+		if len(ports) == 1 {
+			return sh("taken", "echo 'listen tcp: bind: Address already in use' >&2; exit 1")
+		}
+		return sh("serving", "exec sleep 30")
+	}, func(port int) error {
+		if len(ports) < 2 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if len(ports) != 2 || port != ports[1] || p.exited() {
+		t.Fatalf("ports tried %v, returned %d (exited %v): want a second try, its port, running", ports, port, p.exited())
 	}
 }

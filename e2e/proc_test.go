@@ -3,10 +3,13 @@
 package e2e
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rategate/rategate/internal/procs"
+	"github.com/rategate/rategate/internal/testredis"
 )
 
 // proc is one process the suite started (internal/procs: its own process
@@ -66,6 +69,47 @@ func waitFor(within time.Duration, cond func() error) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startOnFreePort starts a server on a port that was free a moment ago
+// (start(port)) and waits, up to within, until ready(port) is nil. The
+// port may be taken before the server binds it; when the server exits
+// saying so ("address already in use", in any case), another port is
+// tried, three in all. It returns the port and the process.
+func startOnFreePort(t *testing.T, what string, within time.Duration, start func(port int) *proc, ready func(port int) error) (int, *proc) {
+	t.Helper()
+	var last string
+	for range 3 {
+		port := testredis.FreePort(t)
+		p := start(port)
+		err := waitServing(p, within, func() error { return ready(port) })
+		if err == nil {
+			return port, p
+		}
+		p.stop()
+		last = fmt.Sprintf("%v\n%s", err, p.logTail())
+		if !strings.Contains(strings.ToLower(last), "address already in use") {
+			break
+		}
+	}
+	t.Fatalf("%s did not start: %s", what, last)
+	return 0, nil
+}
+
+// waitServing polls ready every 20 ms until it is nil or within has
+// passed, and returns its last error; it gives up at once when p exits.
+func waitServing(p *proc, within time.Duration, ready func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		if p.exited() {
+			return fmt.Errorf("exited: %v", p.Err())
+		}
+		err := ready()
+		if err == nil || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -84,17 +84,13 @@ func TestReadmeRedisAndNginx(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rg.Kill)
-	appPort := testredis.FreePort(t)
 	py := needBinary(t, "python3", "python3")
-	app := startProc(t, "http.server", filepath.Join(t.TempDir(), "app.log"), py, "-m", "http.server", strconv.Itoa(appPort), "--bind", "127.0.0.1")
-	if err := waitFor(10*time.Second, func() error {
-		if app.exited() {
-			return fmt.Errorf("exited: %v", app.Err())
-		}
-		return httpStatus(fmt.Sprintf("http://127.0.0.1:%d/", appPort), http.StatusOK)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	appLog := filepath.Join(t.TempDir(), "app.log")
+	appPort, _ := startOnFreePort(t, "python3 -m http.server", 10*time.Second, func(port int) *proc {
+		return startProc(t, "http.server", appLog, py, "-m", "http.server", strconv.Itoa(port), "--bind", "127.0.0.1")
+	}, func(port int) error {
+		return httpStatus(fmt.Sprintf("http://127.0.0.1:%d/", port), http.StatusOK)
+	})
 	n := startNginx(t, "readme", "nginx.conf", rewrite{rategates: []string{rg.Main}, app: fmt.Sprintf("127.0.0.1:%d", appPort)})
 	r := n.do(t, request{Path: "/"})
 	wantStatus(t, r, 200)

@@ -83,17 +83,7 @@ func (r *rategate) try(t testing.TB) error {
 		"-admin-listen", "127.0.0.1:"+strconv.Itoa(r.adminPort),
 		"-redis", r.redisURL)
 	url := "http://" + r.addr() + "/readyz"
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if r.proc.exited() {
-			return fmt.Errorf("exited: %v", r.proc.Err())
-		}
-		err := httpStatus(url, http.StatusOK)
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return waitServing(r.proc, 10*time.Second, func() error { return httpStatus(url, http.StatusOK) })
 }
 
 // stop kills the process (SIGKILL: a crash, not a graceful shutdown).

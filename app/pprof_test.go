@@ -1,6 +1,9 @@
 package app
 
 import (
+	"bufio"
+	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -67,11 +70,28 @@ func TestPprofBadInput(t *testing.T) {
 	for _, q := range []string{
 		"profile?seconds=abc", "profile?seconds=-1", "profile?seconds=0", "profile?seconds=1.5",
 		"profile?seconds=100000", "profile?seconds=1&seconds=2", "profile?seconds=",
-		"trace?seconds=abc", "trace?seconds=-2", "trace?seconds=NaN", "trace?seconds=1e9",
+		"trace?seconds=abc", "trace?seconds=-2", "trace?seconds=NaN", "trace?seconds=1e9", "trace?seconds=61",
+		"heap?seconds=abc", "heap?seconds=100000",
 	} {
 		code, body := call(t, c, "GET", "/debug/pprof/"+q, "", auth...)
 		if code != 400 || !strings.Contains(body, "seconds") {
 			t.Errorf("%s: %d %.200s, want 400 naming seconds", q, code, body)
+		}
+	}
+	// net/http/pprof reads the request line as sent, '#' and all (an HTTP
+	// client leaves a fragment out): the seconds it would run must be the
+	// seconds checked. (Before, the first ran the default 30 s and the
+	// second a 40 s trace.)
+	for _, target := range []string{"/debug/pprof/profile?seconds=2#x", "/debug/pprof/trace?#&seconds=40"} {
+		if code, head := rawStatus(t, c.Addr, target, "Authorization: Bearer tok"); code != 400 {
+			t.Errorf("GET %s: %d %q, want 400", target, code, head)
+		}
+	}
+	for _, method := range []string{"POST", "HEAD"} {
+		for _, path := range []string{"/debug/pprof/profile", "/debug/pprof/trace"} {
+			if code, _ := call(t, c, method, path, "", auth...); code != 405 {
+				t.Errorf("%s %s: %d, want 405", method, path, code)
+			}
 		}
 	}
 	if code, body := call(t, c, "POST", "/debug/pprof/profile", "seconds=abc", append(auth, "Content-Type", "application/x-www-form-urlencoded")...); code != 405 {
@@ -111,4 +131,31 @@ func callErr(c *fasthttp.HostClient, uri string, kv ...string) (int, string) {
 		return 0, err.Error()
 	}
 	return resp.StatusCode(), string(resp.Body())
+}
+
+// rawStatus sends a GET of target, written into the request line as it
+// is, and returns the answer's status and first line (0 and the error
+// when there is none within 5 s).
+func rawStatus(t *testing.T, addr, target string, headers ...string) (int, string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	req := "GET " + target + " HTTP/1.1\r\nHost: admin\r\n"
+	for _, h := range headers {
+		req += h + "\r\n"
+	}
+	if _, err := conn.Write([]byte(req + "\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return 0, err.Error()
+	}
+	var code int
+	fmt.Sscanf(line, "HTTP/1.1 %d", &code)
+	return code, strings.TrimSpace(line)
 }

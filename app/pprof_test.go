@@ -81,8 +81,8 @@ func TestPprofBadInput(t *testing.T) {
 	// net/http/pprof reads the request line as sent, '#' and all (an HTTP
 	// client leaves a fragment out): the seconds it would run must be the
 	// seconds checked. (Before, the first ran the default 30 s and the
-	// second a 40 s trace.)
-	for _, target := range []string{"/debug/pprof/profile?seconds=2#x", "/debug/pprof/trace?#&seconds=40"} {
+	// second a trace of 100 s.)
+	for _, target := range []string{"/debug/pprof/profile?seconds=2#x", "/debug/pprof/trace?#&seconds=100"} {
 		if code, head := rawStatus(t, c.Addr, target, "Authorization: Bearer tok"); code != 400 {
 			t.Errorf("GET %s: %d %q, want 400", target, code, head)
 		}

@@ -332,11 +332,13 @@ func TestClusterMatchesSingleScript(t *testing.T) {
 	// can then expire only between a write and that PERSIST, within its
 	// step, after the step's decision read it. A step that lost a key the
 	// memory store still holds (its refund found nothing to give back)
-	// leaves the two stores apart: both start over.
+	// leaves the two stores apart: both start over, unless the memory store
+	// keeps the key longer than a TTL that ran out within the step could
+	// have been (then Redis was given too short a one, or deleted it).
 	ctx := testredis.Ctx(t)
 	client := c.Client(t)
 	lost := 0
-	settle := func(checks []limits.Check, now int64) {
+	settle := func(checks []limits.Check, now int64, sent time.Time) {
 		t.Helper()
 		exists := make([]*redis.IntCmd, len(checks))
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -349,8 +351,16 @@ func TestClusterMatchesSingleScript(t *testing.T) {
 		if err != nil {
 			t.Fatalf("persist: %v", err)
 		}
+		// A TTL this step set ran out by now: on the test's clock, by now
+		// plus that time (and 1 ms: the scripts round up) at the latest.
+		by := now + time.Since(sent).Microseconds() + 1000
 		for i, ch := range checks {
 			if exists[i].Val() == 0 && mem.HoldsAt(ch.Key, now) {
+				if mem.HoldsAt(ch.Key, by) {
+					// the memory store keeps it longer than any TTL that
+					// ran out within the step: not the clocks
+					t.Fatalf("Redis dropped %s within a step while the memory store keeps it past %d: a TTL shorter than its record, or a delete", ch.Key, by)
+				}
 				lost++
 				t.Logf("Redis expired %s within a step on its own clock: both stores start over", ch.Key)
 				if err := c.FlushAll(); err != nil {
@@ -391,6 +401,7 @@ func TestClusterMatchesSingleScript(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		sent := time.Now()
 		ga, err := rs.Decide(ctx, &limits.Batch{Checks: checks, NowUS: now}, got)
 		if err != nil {
 			t.Fatal(err)
@@ -403,7 +414,7 @@ func TestClusterMatchesSingleScript(t *testing.T) {
 			}
 			t.Fatalf("step %d (seed %d): cluster admitted=%v, single script admitted=%v%s", step, seed, ga, wa, b.String())
 		}
-		settle(checks, now)
+		settle(checks, now, sent)
 		if wa {
 			admittedN++
 		} else {

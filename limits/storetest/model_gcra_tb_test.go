@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"context"
 	"fmt"
 	"math/big"
 	"math/rand"
@@ -453,9 +452,10 @@ func TestGCRATokenBucketRuleChange(t *testing.T) {
 			at := int64(0)
 			var steps []gtStep
 			var got []limits.Result
-			// when Redis drops the key on the test's clock (0: no key), and
-			// the steps lost to Redis's own (see lockstep)
-			expires, lost := int64(0), 0
+			// the key's TTL on the test's clock, and the steps lost to
+			// Redis's own (the decisions are lockstep's, without its
+			// replay of the TTL)
+			ls := newLockstep(t, mem, rs, key)
 			for _, cfg := range phases {
 				part := gtSequence(rng, 15, algo, cfg)
 				c := cfg.check(algo, key)
@@ -472,24 +472,15 @@ func TestGCRATokenBucketRuleChange(t *testing.T) {
 					// one outruns: drop the key where memory has, as Redis
 					// would by then. (A key that expires full under a
 					// smaller burst is full again only once it is gone.)
-					if !mem.HoldsAt(key, now) {
-						if err := rs.Reset(context.Background(), c); err != nil {
-							t.Fatal(err)
-						}
-					} else if goneEarly(t, rs, key, expires, now) {
-						forget(t, mem, c, &lost, fmt.Sprintf("sequence seed %d, %s %v", s, algo, cfg))
-					}
+					what := fmt.Sprintf("sequence seed %d, %s %v", s, algo, cfg)
+					ls.beforeRedis(c, now, false, what)
 					c.Cost = st.cost
 					sent := time.Now()
 					a[j] = DecideOne(t, rs, c, now)
-					var ttl time.Duration
-					expires, ttl = redisExpiry(t, rs, key, now, sent)
+					gone := ls.afterRedis(now, sent)
 					b[j] = DecideOne(t, mem, c, now)
-					// Gone already, while the memory store holds it: a TTL
-					// the decision set ran out (every script sets at
-					// least 2 ms)
-					if ttl == -2 && time.Since(sent) >= 2*time.Millisecond && mem.HoldsAt(key, now) {
-						forget(t, mem, c, &lost, fmt.Sprintf("sequence seed %d, %s %v", s, algo, cfg))
+					if gone != 0 && mem.HoldsAt(key, now) {
+						forget(t, mem, c, &ls.lost, what, gone)
 					}
 				}
 				steps, got = append(steps, part...), append(got, a...)

@@ -94,7 +94,7 @@ type lockstep struct {
 	mem     *memstore.Store
 	rs      *redisstore.Store
 	key     string
-	events  *redis.PubSub
+	sub     *redis.PubSub
 	expires int64 // when Redis drops the key on the test's clock; 0: no key
 	history []string
 	lost    int // steps lost to Redis's clock
@@ -121,26 +121,36 @@ func goneEarly(t *testing.T, rs *redisstore.Store, key string, expires, now int6
 
 // redisExpiry returns when Redis drops key on the test's clock (0: no
 // key), now being the instant of a decision sent at sent on the wall
-// clock, and the key's TTL as Redis reports it (-1: none, -2: no key). The
-// TTL runs on Redis's clock from the decision on: what is left of it plus
-// the time since sent (which covers the time since it was set) plus 1 ms
-// (PTTL rounds down) is at least what the decision set.
-func redisExpiry(t *testing.T, rs *redisstore.Store, key string, now int64, sent time.Time) (int64, time.Duration) {
+// clock; the key's TTL as Redis reports it (-1: none, -2: no key); and
+// the wall-clock time from sent to that report. A TTL the decision set
+// runs on Redis's clock from the decision on: what is left of it plus the
+// time since sent plus 1 ms (PTTL rounds down) is at least what was set.
+// (A TTL set before keeps running on Redis's clock while the test's jumps
+// ahead: from such a step the expiry is later than Redis's.)
+func redisExpiry(t *testing.T, rs *redisstore.Store, key string, now int64, sent time.Time) (int64, time.Duration, time.Duration) {
 	t.Helper()
 	ttl, err := rs.Client().PTTL(context.Background(), key).Result()
+	elapsed := time.Since(sent)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ttl < 0 {
-		return 0, ttl
+		return 0, ttl, elapsed
 	}
-	return now + (ttl + time.Since(sent)).Microseconds() + 1000, ttl
+	return now + (ttl + elapsed).Microseconds() + 1000, ttl, elapsed
 }
 
 // forget makes the memory store drop key as Redis did on its own clock
-// (the caller saw that), and fails the test past maxLost such steps.
-func forget(t *testing.T, mem *memstore.Store, c limits.Check, lost *int, what string) {
+// (the caller saw that), and fails the test past maxLost such steps. by
+// is when, on the test's clock, Redis's TTL ran out at the latest: a
+// memory store that still holds the key then keeps it longer than the TTL
+// Redis was given, which lets a count go before it stops counting: a bug,
+// not the clocks.
+func forget(t *testing.T, mem *memstore.Store, c limits.Check, lost *int, what string, by int64) {
 	t.Helper()
+	if mem.HoldsAt(c.Key, by) {
+		t.Fatalf("%s: Redis dropped %s by %d on the test's clock, while the memory store holds it longer: a TTL shorter than its record", what, c.Key, by)
+	}
 	*lost++
 	if *lost > maxLost {
 		t.Fatalf("%s: Redis expired %s on its own clock in more than %d steps", what, c.Key, maxLost)
@@ -160,7 +170,9 @@ func newLockstep(t *testing.T, mem *memstore.Store, rs *redisstore.Store, key st
 	if !ok {
 		t.Fatalf("lockstep needs a single Redis, not %T", rs.Client())
 	}
-	if err := client.ConfigSet(ctx, "notify-keyspace-events", "Kg").Err(); err != nil {
+	// g: "expire" when a command sets a TTL; x: "expired" when Redis
+	// expires the key
+	if err := client.ConfigSet(ctx, "notify-keyspace-events", "Kgx").Err(); err != nil {
 		t.Fatal(err)
 	}
 	ps := client.Subscribe(ctx, "__keyspace@0__:"+key)
@@ -168,76 +180,106 @@ func newLockstep(t *testing.T, mem *memstore.Store, rs *redisstore.Store, key st
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ps.Close() })
-	return &lockstep{t: t, mem: mem, rs: rs, key: key, events: ps}
+	return &lockstep{t: t, mem: mem, rs: rs, key: key, sub: ps}
 }
 
-// expireSet reports whether Redis set the key's TTL since the last call:
-// it reads the key's events up to the answer to a PING sent now (Redis
-// queued every event of a command it ran before it reads the PING).
-func (ls *lockstep) expireSet() bool {
+// events reports whether Redis set the key's TTL (set) and whether it
+// expired the key on its own clock (expired) since the last call: it reads
+// the key's events up to the answer to a PING sent now (Redis queued every
+// event of a command it ran before it reads the PING).
+func (ls *lockstep) events() (set, expired bool) {
 	ls.t.Helper()
 	ctx := context.Background()
-	if err := ls.events.Ping(ctx); err != nil {
+	if err := ls.sub.Ping(ctx); err != nil {
 		ls.t.Fatal(err)
 	}
-	set := false
 	for {
-		msg, err := ls.events.ReceiveTimeout(ctx, 5*time.Second)
+		msg, err := ls.sub.ReceiveTimeout(ctx, 5*time.Second)
 		if err != nil {
 			ls.t.Fatalf("keyspace events of %s: %v", ls.key, err)
 		}
 		switch m := msg.(type) {
 		case *redis.Pong:
-			return set
+			return set, expired
 		case *redis.Message:
-			if m.Payload == "expire" {
+			switch m.Payload {
+			case "expire":
 				set = true
+			case "expired":
+				expired = true
 			}
 		}
 	}
 }
 
-// step decides c (its key is ls.key) at now on both stores and returns
-// the memory store's answer, once Redis gave the same.
-func (ls *lockstep) step(c limits.Check, now int64) limits.Result {
-	t, ctx := ls.t, context.Background()
+// beforeRedis readies the key for a decision at now. Redis expires keys
+// on its own clock, which the test's outruns: the key is dropped where
+// memory has dropped it, and, with replay, where its TTL has run out on
+// the test's clock (not for sliding_log); one Redis expired before the
+// test's clock said is forgotten by memory too (goneEarly, forget).
+func (ls *lockstep) beforeRedis(c limits.Check, now int64, replay bool, what string) {
+	t := ls.t
 	t.Helper()
-	// Redis expires keys on its own clock, which this one outruns: drop the
-	// key where its TTL has run out on this clock, and where memory has.
-	what := fmt.Sprintf("step %d", len(ls.history))
-	if (ls.expires != 0 && now >= ls.expires && c.Algorithm != limits.SlidingLog) || !ls.mem.HoldsAt(ls.key, now) {
-		if err := ls.rs.Reset(ctx, c); err != nil {
+	if (replay && ls.expires != 0 && now >= ls.expires && c.Algorithm != limits.SlidingLog) || !ls.mem.HoldsAt(ls.key, now) {
+		if err := ls.rs.Reset(context.Background(), c); err != nil {
 			t.Fatal(err)
 		}
 		ls.expires = 0
 	} else if goneEarly(t, ls.rs, ls.key, ls.expires, now) {
-		forget(t, ls.mem, c, &ls.lost, what)
+		forget(t, ls.mem, c, &ls.lost, what, ls.expires)
 		ls.expires = 0
 	}
-	sent := time.Now()
-	onRedis := DecideOne(t, ls.rs, c, now)
-	set := ls.expireSet()
-	gone := false
-	switch expires, ttl := redisExpiry(t, ls.rs, ls.key, now, sent); {
+}
+
+// afterRedis follows the key's TTL after a decision at now sent at sent
+// (the wall clock), and returns, when Redis expired the key on its own
+// clock since the decision read it, when on the test's clock that TTL ran
+// out at the latest (0: it did not). Every key Redis holds must have a
+// TTL.
+func (ls *lockstep) afterRedis(now int64, sent time.Time) int64 {
+	t := ls.t
+	t.Helper()
+	expires, ttl, elapsed := redisExpiry(t, ls.rs, ls.key, now, sent)
+	set, expired := ls.events()
+	gone := int64(0)
+	switch {
 	case ttl == -1:
 		t.Fatalf("%s has no TTL after step %d\nhistory:\n%s", ls.key, len(ls.history), joinLines(ls.history))
 	case ttl < 0:
-		// set: this step gave the key a TTL that ran out before the
-		// look (on Redis's clock), after the decision read it
-		gone = set
+		if expired {
+			// a TTL this step set ran out within elapsed; one set
+			// before, at the expiry it was replayed to
+			gone = now + elapsed.Microseconds() + 1000
+			if !set && ls.expires != 0 {
+				gone = ls.expires
+			}
+		}
 		ls.expires = 0
 	case set:
 		// (The scripts round a TTL up to the ms: Redis may hold the key
 		// up to 1 ms longer than its counts count.)
 		ls.expires = expires
 	}
+	return gone
+}
+
+// step decides c (its key is ls.key) at now on both stores and returns
+// the memory store's answer, once Redis gave the same.
+func (ls *lockstep) step(c limits.Check, now int64) limits.Result {
+	t := ls.t
+	t.Helper()
+	what := fmt.Sprintf("step %d", len(ls.history))
+	ls.beforeRedis(c, now, true, what)
+	sent := time.Now()
+	onRedis := DecideOne(t, ls.rs, c, now)
+	gone := ls.afterRedis(now, sent)
 	inMemory := DecideOne(t, ls.mem, c, now)
 	ls.history = append(ls.history, fmt.Sprintf("L=%d P=%d B=%d t=%d c=%d: %+v", c.Limit, c.PeriodUS, c.Burst, now, c.Cost, inMemory))
 	if onRedis != inMemory {
 		t.Fatalf("%s step %d: redis %+v, memory %+v\nhistory:\n%s", ls.key, len(ls.history)-1, onRedis, inMemory, joinLines(ls.history))
 	}
-	if gone && ls.mem.HoldsAt(ls.key, now) {
-		forget(t, ls.mem, c, &ls.lost, what)
+	if gone != 0 && ls.mem.HoldsAt(ls.key, now) {
+		forget(t, ls.mem, c, &ls.lost, what, gone)
 	}
 	return inMemory
 }

@@ -93,9 +93,10 @@ scrape_configs:
 func startPrometheus(t *testing.T, bin, dir, cfgPath string) (string, *proc) {
 	t.Helper()
 	tries := 0
-	port, p := startOnFreePort(t, "prometheus", 30*time.Second, func(port int) *proc {
+	logPath := filepath.Join(dir, "prometheus.log")
+	port, p := startOnFreePort(t, "prometheus", logPath, 30*time.Second, func(port int) *proc {
 		tries++
-		return startProc(t, "prometheus", filepath.Join(dir, "prometheus.log"), bin,
+		return startProc(t, "prometheus", logPath, bin,
 			"--config.file="+cfgPath,
 			"--storage.tsdb.path="+filepath.Join(dir, fmt.Sprintf("tsdb-%d", tries)),
 			"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),

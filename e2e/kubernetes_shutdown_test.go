@@ -93,9 +93,10 @@ func TestKubernetesTerminationKeepsServing(t *testing.T) {
 	redis := testredis.Start(t)
 	policy := configMapPolicy(t, dir)
 	env := []string{"RATEGATE_ADMIN_TOKEN=" + newToken(t), "RATEGATE_REDIS_URL=redis://" + redis.Addr + "/0"}
-	port, proc := startOnFreePort(t, "rategate", 10*time.Second, func(port int) *proc {
+	logPath := filepath.Join(dir, "rategate.log")
+	port, proc := startOnFreePort(t, "rategate", logPath, 10*time.Second, func(port int) *proc {
 		admin := "127.0.0.1:" + strconv.Itoa(testredis.FreePort(t))
-		return startProcEnv(t, t, env, "rategate", filepath.Join(dir, "rategate.log"), rategateBinary(t),
+		return startProcEnv(t, t, env, "rategate", logPath, rategateBinary(t),
 			"-config", policy, "-listen", "127.0.0.1:"+strconv.Itoa(port), "-admin-listen", admin)
 	}, func(port int) error {
 		return httpStatus("http://127.0.0.1:"+strconv.Itoa(port)+"/readyz", http.StatusOK)

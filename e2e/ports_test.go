@@ -45,29 +45,44 @@ func TestRategateStartsAgainOnFreePorts(t *testing.T) {
 		t.Fatalf("started with the admin port %d taken", was)
 	}
 
-	// A restart keeps the ports.
+	// A restart keeps the ports, and waits for one taken for a moment.
 	port, admin := rg.port, rg.adminPort
 	rg.stop()
+	held, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(admin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		held.Close()
+	}()
+	before := bindFailures(filepath.Join(dir, "ports.log"))
 	rg.start(t)
 	if rg.port != port || rg.adminPort != admin {
 		t.Fatalf("restarted on %d and %d, want %d and %d", rg.port, rg.adminPort, port, admin)
 	}
+	if bindFailures(filepath.Join(dir, "ports.log")) == before {
+		t.Fatal("the restart found its admin port free: the test took it too late")
+	}
 }
 
 // TestStartOnFreePortTriesAnother: a server that exits saying its port
-// was taken is started again on another port.
+// was taken is started again on another port, the log shared by every try
+// read for what each try wrote; one that fails otherwise is not started
+// again, however often the log said so before.
 func TestStartOnFreePortTriesAnother(t *testing.T) {
 	dir := t.TempDir()
-	sh := func(name, script string) *proc {
-		return startProc(t, name, filepath.Join(dir, name+".log"), "/bin/sh", "-c", script)
+	logPath := filepath.Join(dir, "server.log")
+	sh := func(script string) *proc {
+		return startProc(t, "server", logPath, "/bin/sh", "-c", script)
 	}
 	var ports []int
-	port, p := startOnFreePort(t, "server", 5*time.Second, func(port int) *proc {
+	port, p := startOnFreePort(t, "server", logPath, 5*time.Second, func(port int) *proc {
 		ports = append(ports, port)
 		if len(ports) == 1 {
-			return sh("taken", "echo 'listen tcp: bind: Address already in use' >&2; exit 1")
+			return sh("echo 'listen tcp: bind: Address already in use' >&2; exit 1")
 		}
-		return sh("serving", "exec sleep 30")
+		return sh("exec sleep 30")
 	}, func(port int) error {
 		if len(ports) < 2 {
 			return errors.New("not yet")
@@ -76,5 +91,17 @@ func TestStartOnFreePortTriesAnother(t *testing.T) {
 	})
 	if len(ports) != 2 || port != ports[1] || p.exited() {
 		t.Fatalf("ports tried %v, returned %d (exited %v): want a second try, its port, running", ports, port, p.exited())
+	}
+	p.stop()
+
+	// The log holds a bind failure from above; this server fails for
+	// another reason: tried once.
+	tries := 0
+	_, _, err := onFreePort(t, logPath, 5*time.Second, func(port int) *proc {
+		tries++
+		return sh("echo 'config: no such file' >&2; exit 1")
+	}, func(int) error { return errors.New("not yet") })
+	if err == nil || tries != 1 {
+		t.Fatalf("a server that fails for another reason: error %v after %d tries, want one after 1", err, tries)
 	}
 }

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -76,28 +77,53 @@ func waitFor(within time.Duration, cond func() error) error {
 }
 
 // startOnFreePort starts a server on a port that was free a moment ago
-// (start(port)) and waits, up to within, until ready(port) is nil. The
-// port may be taken before the server binds it; when the server exits
-// saying so ("address already in use", in any case), another port is
-// tried, three in all. It returns the port and the process.
-func startOnFreePort(t *testing.T, what string, within time.Duration, start func(port int) *proc, ready func(port int) error) (int, *proc) {
+// (start(port), its output appended to logPath) and waits, up to within,
+// until ready(port) is nil. The port may be taken before the server binds
+// it; when the server exits saying so ("address already in use", in any
+// case, in what this try wrote), another port is tried, three in all. It
+// returns the port and the process.
+func startOnFreePort(t *testing.T, what, logPath string, within time.Duration, start func(port int) *proc, ready func(port int) error) (int, *proc) {
 	t.Helper()
-	var last string
+	port, p, err := onFreePort(t, logPath, within, start, ready)
+	if err != nil {
+		t.Fatalf("%s did not start: %v", what, err)
+	}
+	return port, p
+}
+
+// onFreePort is startOnFreePort's tries; its error says why the last
+// failed and what the server logged.
+func onFreePort(t *testing.T, logPath string, within time.Duration, start func(port int) *proc, ready func(port int) error) (int, *proc, error) {
+	t.Helper()
+	var err error
 	for range 3 {
-		port := testredis.FreePort(t)
+		port, before := testredis.FreePort(t), bindFailures(logPath)
 		p := start(port)
-		err := waitServing(p, within, func() error { return ready(port) })
-		if err == nil {
-			return port, p
+		if err = waitServing(p, within, func() error { return ready(port) }); err == nil {
+			return port, p, nil
 		}
+		taken := portTaken(p, logPath, before)
 		p.stop()
-		last = fmt.Sprintf("%v\n%s", err, p.logTail())
-		if !strings.Contains(strings.ToLower(last), "address already in use") {
+		err = fmt.Errorf("%w\n%s", err, p.logTail())
+		if !taken {
 			break
 		}
 	}
-	t.Fatalf("%s did not start: %s", what, last)
-	return 0, nil
+	return 0, nil, err
+}
+
+// bindFailures counts the lines of the log at path (none: 0) that say a
+// port was taken.
+func bindFailures(path string) int {
+	b, _ := os.ReadFile(path)
+	return strings.Count(strings.ToLower(string(b)), "address already in use")
+}
+
+// portTaken reports whether p exited because its port was taken: it
+// ended, and its log, appended to by every try, says so more often than
+// the before ones did.
+func portTaken(p *proc, logPath string, before int) bool {
+	return p.exited() && bindFailures(logPath) > before
 }
 
 // waitServing polls ready every 20 ms until it is nil or within has

@@ -86,7 +86,7 @@ func TestReadmeRedisAndNginx(t *testing.T) {
 	t.Cleanup(rg.Kill)
 	py := needBinary(t, "python3", "python3")
 	appLog := filepath.Join(t.TempDir(), "app.log")
-	appPort, _ := startOnFreePort(t, "python3 -m http.server", 10*time.Second, func(port int) *proc {
+	appPort, _ := startOnFreePort(t, "python3 -m http.server", appLog, 10*time.Second, func(port int) *proc {
 		return startProc(t, "http.server", appLog, py, "-m", "http.server", strconv.Itoa(port), "--bind", "127.0.0.1")
 	}, func(port int) error {
 		return httpStatus(fmt.Sprintf("http://127.0.0.1:%d/", port), http.StatusOK)

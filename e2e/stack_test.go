@@ -57,9 +57,16 @@ func (r *rategate) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
 func (r *rategate) start(t testing.TB) {
 	t.Helper()
 	first := r.proc == nil
+	logPath := filepath.Join(r.dir, r.name+".log")
 	var err error
 	for attempt := 1; attempt <= 3; attempt++ {
-		if err = r.try(t); err == nil || !strings.Contains(r.proc.logTail(), "address already in use") {
+		before := bindFailures(logPath)
+		if err = r.try(t); err == nil {
+			return
+		}
+		taken := portTaken(r.proc, logPath, before)
+		r.proc.stop()
+		if !taken {
 			break
 		}
 		if first {
@@ -68,9 +75,7 @@ func (r *rategate) start(t testing.TB) {
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	if err != nil {
-		t.Fatalf("%s did not become ready at %s: %v\nlog:\n%s", r.name, r.addr(), err, r.proc.logTail())
-	}
+	t.Fatalf("%s did not become ready at %s: %v\nlog:\n%s", r.name, r.addr(), err, r.proc.logTail())
 }
 
 // try is one start: the process, and the wait for its /readyz (cut short

@@ -99,17 +99,19 @@ func TestPprofBadInput(t *testing.T) {
 	}
 
 	// Two at once: one runs, the other is told why it did not.
-	codes := make(chan int, 2)
-	for range 2 {
-		go func() {
-			code, _ := callErr(c, "/debug/pprof/profile?seconds=2", auth...)
-			codes <- code
-		}()
-	}
-	got := []int{<-codes, <-codes}
-	slices.Sort(got)
-	if got[0] != 200 || got[1] != 409 {
-		t.Fatalf("two CPU profiles at once: %v, want one 200 and one 409", got)
+	for _, target := range []string{"/debug/pprof/profile?seconds=2", "/debug/pprof/trace?seconds=2"} {
+		codes := make(chan int, 2)
+		for range 2 {
+			go func() {
+				code, _ := callErr(c, target, auth...)
+				codes <- code
+			}()
+		}
+		got := []int{<-codes, <-codes}
+		slices.Sort(got)
+		if got[0] != 200 || got[1] != 409 {
+			t.Fatalf("two at once of %s: %v, want one 200 and one 409", target, got)
+		}
 	}
 	code, body := call(t, c, "GET", "/debug/pprof/profile?seconds=1", "", auth...)
 	if code != 200 || len(body) < 50 {

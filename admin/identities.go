@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -117,25 +118,13 @@ func (s *Server) identityError(ctx *fasthttp.RequestCtx, rule string, err error)
 
 // listIdentities answers GET /v1/rules/{rule}/identities[?after=&n=].
 func (s *Server) listIdentities(ctx *fasthttp.RequestCtx, ids *policy.Identities, r *limits.Rule, args *fasthttp.Args) {
-	var problems []string
+	problems := plainParams(args, fmt.Sprintf("list with ?n= and ?after=, or name one identity with the rule's key [%s]",
+		strings.Join(dimensionNames(r), ", ")), "n", "after")
 	n := 1000
-	seen := map[string]bool{}
-	for k, v := range args.All() {
-		key := string(k)
-		if seen[key] {
-			problems = append(problems, key+": given twice; give it once")
-			continue
-		}
-		seen[key] = true
-		switch key {
-		case "n":
-			var err error
-			if n, err = atoiRange(string(v), 1, maxIdentityPage); err != nil {
-				problems = append(problems, "n: "+err.Error())
-			}
-		case "after":
-		default:
-			problems = append(problems, fmt.Sprintf("%s: unknown parameter; list with ?n= and ?after=, or name one identity with the rule's key [%s]", key, strings.Join(dimensionNames(r), ", ")))
+	if args.Has("n") {
+		var err error
+		if n, err = atoiRange(string(args.Peek("n")), 1, maxIdentityPage); err != nil {
+			problems = append(problems, "n: "+err.Error())
 		}
 	}
 	if len(problems) > 0 {
@@ -148,6 +137,33 @@ func (s *Server) listIdentities(ctx *fasthttp.RequestCtx, ids *policy.Identities
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, l)
+}
+
+// notDimension is the problem of a query parameter key that names no
+// dimension of r.
+func notDimension(r *limits.Rule, key string) string {
+	return fmt.Sprintf("%s: not a dimension of rule %q, which is keyed on [%s]", key, r.Name, strings.Join(dimensionNames(r), ", "))
+}
+
+// plainParams returns the problems of a query whose parameters are known
+// (each given at most once): an unknown one (hint says what to give
+// instead) or a repeated one. Peek would read the first of a repeated
+// parameter and never an unknown one: either would answer another
+// question than asked.
+func plainParams(args *fasthttp.Args, hint string, known ...string) []string {
+	var problems []string
+	seen := map[string]bool{}
+	for k := range args.All() {
+		switch key := string(k); {
+		case !slices.Contains(known, key):
+			problems = append(problems, key+": unknown parameter; "+hint)
+		case seen[key]:
+			problems = append(problems, key+": given twice; give it once")
+		default:
+			seen[key] = true
+		}
+	}
+	return problems
 }
 
 // dimensionNames returns the query parameters that name an identity of r.
@@ -201,7 +217,7 @@ func identityParams(r *limits.Rule, args *fasthttp.Args) (map[string]string, err
 		key := string(k)
 		name, ok := dimensionParam(r, key)
 		if !ok {
-			problems = append(problems, fmt.Sprintf("%s: not a dimension of rule %q, which is keyed on [%s]", key, r.Name, strings.Join(dimensionNames(r), ", ")))
+			problems = append(problems, notDimension(r, key))
 			continue
 		}
 		if _, dup := dims[name]; dup {

@@ -204,7 +204,7 @@ func (s *Server) key(ctx *fasthttp.RequestCtx, method, name string) {
 	var unknown problemList
 	for k := range ctx.QueryArgs().All() {
 		if _, ok := dimensionParam(r, string(k)); !ok {
-			unknown = append(unknown, fmt.Sprintf("%s: not a dimension of rule %q, which is keyed on [%s]", k, r.Name, strings.Join(dimensionNames(r), ", ")))
+			unknown = append(unknown, notDimension(r, string(k)))
 		}
 	}
 	req, err := identityFromQuery(r, ctx.QueryArgs(), int(s.ipv6Prefix.Load()), s.pathParams(), true)

@@ -370,21 +370,7 @@ func (s *Server) reload(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) serveTop(ctx *fasthttp.RequestCtx) {
 	args := ctx.QueryArgs()
-	// Peek reads the first of a repeated parameter and an unknown one is
-	// not read at all: either would answer another question than asked.
-	var problems []string
-	seen := map[string]bool{}
-	for k := range args.All() {
-		switch key := string(k); {
-		case key != "rule" && key != "minutes" && key != "n":
-			problems = append(problems, key+": unknown parameter; use rule, minutes and n")
-		case seen[key]:
-			problems = append(problems, key+": given twice; give it once")
-		default:
-			seen[key] = true
-		}
-	}
-	if len(problems) > 0 {
+	if problems := plainParams(args, "use rule, minutes and n", "rule", "minutes", "n"); len(problems) > 0 {
 		writeError(ctx, fasthttp.StatusBadRequest, "cannot list the identities denied most", problems)
 		return
 	}

@@ -42,3 +42,23 @@ func TestEveryReturnsAtOnceOnAnEndedContext(t *testing.T) {
 	cancel()
 	Every(ctx, time.Hour, func() { t.Error("called after the context ended") })
 }
+
+// TestEveryNeverCallsAfterTheContextEnds: when a call outlasts the period,
+// the next tick is ready by the time the context ends, and select picks
+// between the two at random; a call that ended the context must be the
+// last. (Without the check after the tick, half of these runs call fn
+// once more.)
+func TestEveryNeverCallsAfterTheContextEnds(t *testing.T) {
+	for range 40 {
+		ctx, cancel := context.WithCancel(context.Background())
+		calls := 0
+		Every(ctx, time.Microsecond, func() {
+			calls++
+			time.Sleep(200 * time.Microsecond) // the next tick is due
+			cancel()
+		})
+		if calls != 1 {
+			t.Fatalf("%d calls, want 1: called again after the context ended", calls)
+		}
+	}
+}

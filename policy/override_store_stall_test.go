@@ -5,11 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/rategate/rategate/config"
-	"github.com/rategate/rategate/limits"
-	"github.com/rategate/rategate/limits/memstore"
 )
 
 // stallingOverrides is an OverrideStore whose Set waits until release is
@@ -42,11 +38,9 @@ func TestOverrideStoreCallDoesNotHoldTheManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := memstore.New()
-	t.Cleanup(func() { mem.Close() })
-	l := limits.New(limits.Options{Store: mem, Prefix: "rg", Rules: cfg.Rules})
 	store := &stallingOverrides{OverrideStore: NewMemoryOverrides(), entered: make(chan struct{}), release: make(chan struct{})}
-	m := NewManager(ManagerOptions{Config: cfg, Limiter: l, Overrides: store, Log: zerolog.Nop()})
+	in := newInstance(t, cfg, store, nil, "solo", nil)
+	m, l := in.m, in.lim
 
 	done := make(chan error, 1)
 	go func() {

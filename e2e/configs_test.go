@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/internal/procs"
-	"github.com/rategate/rategate/internal/testredis"
 )
 
 // shippedConfigs are the complete configs in nginx/ that run on this
@@ -56,32 +55,29 @@ func TestShippedConfigsRunUnprivileged(t *testing.T) {
 	}
 	for _, conf := range shippedConfigs {
 		t.Run(conf, func(t *testing.T) {
-			port := testredis.FreePort(t)
 			prefix := filepath.Join(workDir, "unprivileged-"+safeName(conf))
-			copyNginxDir(t, prefix, rewrite{listen: port})
-			if uid >= 0 {
-				err := filepath.Walk(prefix, func(p string, _ os.FileInfo, err error) error {
+			logPath := filepath.Join(workDir, "unprivileged-"+safeName(conf)+".log")
+			_, _, err := onFreePort(t, logPath, 10*time.Second, func(port int) *proc {
+				copyNginxDir(t, prefix, rewrite{listen: port})
+				if uid >= 0 {
+					err := filepath.Walk(prefix, func(p string, _ os.FileInfo, err error) error {
+						if err != nil {
+							return err
+						}
+						return os.Chown(p, uid, gid)
+					})
 					if err != nil {
-						return err
+						t.Fatal(err)
 					}
-					return os.Chown(p, uid, gid)
-				})
-				if err != nil {
-					t.Fatal(err)
 				}
-			}
-			args := append(append([]string{}, wrap...), bin, "-p", prefix+"/", "-c", conf, "-g", "daemon off;")
-			p := startProc(t, "nginx "+conf, filepath.Join(workDir, "unprivileged-"+safeName(conf)+".log"), args[0], args[1:]...)
-			url := fmt.Sprintf("http://127.0.0.1:%d/nginx-health", port)
-			err := waitFor(10*time.Second, func() error {
-				if p.exited() {
-					return fmt.Errorf("exited: %v", p.Err())
-				}
-				return httpStatus(url, http.StatusOK)
+				args := append(append([]string{}, wrap...), bin, "-p", prefix+"/", "-c", conf, "-g", "daemon off;")
+				return startProc(t, "nginx "+conf, logPath, args[0], args[1:]...)
+			}, func(port int) error {
+				return httpStatus(fmt.Sprintf("http://127.0.0.1:%d/nginx-health", port), http.StatusOK)
 			})
 			if err != nil {
-				t.Fatalf("nginx -c %s as an unprivileged user: %v\n%s\nerror.log:\n%s",
-					conf, err, p.logTail(), procs.FileTail(filepath.Join(prefix, "logs", "error.log"), 10))
+				t.Fatalf("nginx -c %s as an unprivileged user: %v\nerror.log:\n%s",
+					conf, err, procs.FileTail(filepath.Join(prefix, "logs", "error.log"), 10))
 			}
 		})
 	}

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/rategate/rategate/internal/procs"
-	"github.com/rategate/rategate/internal/testredis"
 )
 
 // h2Get sends one GET over HTTP/2 with prior knowledge (h2c, as NGINX's
@@ -145,9 +144,8 @@ func TestHTTP2(t *testing.T) {
 		t.Helper()
 		rg := m.rategate(t, "rategate-"+name, policy(429, name, "", planRule))
 		needWindow(t, window, 60*time.Second)
-		h2 := testredis.FreePort(t)
-		nx := startNginx(t, name, conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr, extra: h2Listen(h2)})
-		return nx, "127.0.0.1:" + strconv.Itoa(h2)
+		nx := startNginx(t, name, conf, rewrite{rategates: []string{rg.addr()}, app: m.app.addr, h2: true})
+		return nx, "127.0.0.1:" + strconv.Itoa(nx.h2Port)
 	}
 	t.Run("nginx.conf", func(t *testing.T) {
 		nx, addr := start(t, "h2plain", "nginx.conf")

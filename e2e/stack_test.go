@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -180,6 +181,8 @@ type nginxServer struct {
 	prefix string
 	conf   string
 	port   int
+	// h2Port is the HTTP/2-only listener's port, when rewrite.h2 asked for one.
+	h2Port int
 	proc   *proc
 }
 
@@ -193,6 +196,10 @@ type rewrite struct {
 	closed    bool     // $rategate_on_failure: "default open;" becomes "default closed;"
 	// extra replaces whole substrings, for compose.conf's service names.
 	extra map[string]string
+	// h2 adds an HTTP/2-only (prior knowledge) listener on a second port,
+	// picked for each try to start NGINX, as the first is
+	// (nginxServer.h2Port).
+	h2 bool
 	// files are more files for the prefix (a test's own config), name to
 	// content; the rewrites above apply to them as to the shipped ones.
 	files map[string]string
@@ -347,19 +354,23 @@ func startNginx(t testing.TB, name, conf string, rw rewrite) *nginxServer {
 	bin := needBinary(t, "nginx", "nginx")
 	var last string
 	for attempt := 0; attempt < 3; attempt++ {
-		rw.listen = testredis.FreePort(t)
+		try := rw
+		try.listen = testredis.FreePort(t)
 		dir := fmt.Sprintf("%s-%s-%d", safeName(t.Name()), name, attempt)
-		n := &nginxServer{name: name, conf: conf, port: rw.listen, prefix: filepath.Join(workDir, dir)}
-		copyNginxDir(t, n.prefix, rw)
+		n := &nginxServer{name: name, conf: conf, port: try.listen, prefix: filepath.Join(workDir, dir)}
+		if rw.h2 {
+			n.h2Port = testredis.FreePort(t)
+			try.extra = maps.Clone(rw.extra)
+			if try.extra == nil {
+				try.extra = map[string]string{}
+			}
+			maps.Copy(try.extra, h2Listen(n.h2Port))
+		}
+		copyNginxDir(t, n.prefix, try)
 		n.proc = startProc(t, "nginx "+name, filepath.Join(n.prefix, "logs", "stderr.log"),
 			bin, "-p", n.prefix+"/", "-c", conf, "-g", "daemon off;")
 		url := fmt.Sprintf("http://127.0.0.1:%d/nginx-health", n.port)
-		err := waitFor(10*time.Second, func() error {
-			if n.proc.exited() {
-				return fmt.Errorf("exited: %v", n.proc.Err())
-			}
-			return httpStatus(url, http.StatusOK)
-		})
+		err := waitServing(n.proc, 10*time.Second, func() error { return httpStatus(url, http.StatusOK) })
 		if err == nil {
 			t.Cleanup(func() {
 				if t.Failed() {

@@ -22,6 +22,8 @@ type Monitor struct {
 	// worst holds, in ns, the worst lag of the current window and of the
 	// one before it; cur (owned by run) says which is current.
 	worst [2]atomic.Int64
+	// wakes counts the monitor's wake-ups (tests).
+	wakes atomic.Uint64
 	stop  chan struct{}
 	done  chan struct{}
 }
@@ -46,6 +48,7 @@ func (m *Monitor) run() {
 			return
 		case <-t.C:
 		}
+		m.wakes.Add(1)
 		now := time.Now()
 		if late := int64(now.Sub(due)); late > m.worst[cur].Load() {
 			m.worst[cur].Store(late)

@@ -11,17 +11,31 @@ import (
 )
 
 // The monitor wakes every tick and keeps the worst lag of each window.
+// After restAfter without a request (Busy) it wakes every rest instead,
+// until the next request: an idle process has no decision whose timeout
+// the lag could explain, and 100 wake-ups a second were most of an idle
+// rategate's CPU.
 const (
-	tick   = 10 * time.Millisecond
-	window = 250 * time.Millisecond
+	tick      = 10 * time.Millisecond
+	window    = 250 * time.Millisecond
+	restAfter = 2 * time.Second
+	rest      = time.Second
 )
 
-// Monitor keeps the worst wake-up lag of the last 250 to 500 ms. Its one
-// goroutine wakes 100 times a second.
+// Monitor keeps the worst wake-up lag of the last 250 to 500 ms (while
+// resting, of its last two wake-ups). Its one goroutine wakes 100 times a
+// second while requests come.
 type Monitor struct {
 	// worst holds, in ns, the worst lag of the current window and of the
 	// one before it; cur (owned by run) says which is current.
 	worst [2]atomic.Int64
+	// seen is set by Busy and cleared by each tick: whether a request came
+	// since the last one.
+	seen atomic.Bool
+	// resting is true while the monitor wakes every rest; Busy then wakes
+	// it through kick.
+	resting atomic.Bool
+	kick    chan struct{}
 	// wakes counts the monitor's wake-ups (tests).
 	wakes atomic.Uint64
 	stop  chan struct{}
@@ -30,27 +44,50 @@ type Monitor struct {
 
 // Start starts a Monitor; Close stops it.
 func Start() *Monitor {
-	m := &Monitor{stop: make(chan struct{}), done: make(chan struct{})}
+	m := &Monitor{kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go m.run()
 	return m
+}
+
+// Busy tells the monitor a request came: call it for each one. It costs
+// an atomic load, and a store once per tick.
+func (m *Monitor) Busy() {
+	if m.seen.Load() {
+		return
+	}
+	m.seen.Store(true)
+	if m.resting.Load() {
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (m *Monitor) run() {
 	defer close(m.done)
 	t := time.NewTimer(tick)
 	defer t.Stop()
-	cur := 0
+	cur, quiet := 0, time.Duration(0)
 	began := time.Now()
+	every := tick
 	for {
-		due := time.Now().Add(tick)
+		due := time.Now().Add(every)
+		var kick chan struct{} // nil while ticking: a kick matters only at rest
+		if every == rest {
+			kick = m.kick
+		}
+		kicked := false
 		select {
 		case <-m.stop:
 			return
 		case <-t.C:
+		case <-kick:
+			kicked = true
 		}
 		m.wakes.Add(1)
 		now := time.Now()
-		if late := int64(now.Sub(due)); late > m.worst[cur].Load() {
+		if late := int64(now.Sub(due)); !kicked && late > m.worst[cur].Load() {
 			m.worst[cur].Store(late)
 		}
 		if now.Sub(began) >= window {
@@ -58,7 +95,44 @@ func (m *Monitor) run() {
 			m.worst[cur].Store(0)
 			began = now
 		}
-		t.Reset(tick)
+		switch {
+		case m.seen.Swap(false):
+			quiet = 0
+		case every == tick:
+			quiet += tick
+		}
+		if kicked || quiet < restAfter {
+			if every == rest {
+				// Busy may have seen resting before this store: it kicked
+				// (drained here) or will find it false and not kick
+				m.resting.Store(false)
+				select {
+				case <-m.kick:
+				default:
+				}
+			}
+			every = tick
+		} else if every == tick {
+			every = rest
+			m.resting.Store(true)
+			// a request that came after the Swap above saw resting false
+			// and did not kick: look at seen once more
+			if m.seen.Load() {
+				m.resting.Store(false)
+				every, quiet = tick, 0
+				select { // it may have kicked after all
+				case <-m.kick:
+				default:
+				}
+			}
+		}
+		if kicked && !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(every)
 	}
 }
 

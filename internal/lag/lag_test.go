@@ -13,6 +13,7 @@ import (
 func TestRecentFollowsCPU(t *testing.T) {
 	m := Start()
 	defer m.Close()
+	defer requests(m)()
 	time.Sleep(3 * window)
 	idle := m.Recent()
 
@@ -56,10 +57,63 @@ func TestRecentFollowsCPU(t *testing.T) {
 func TestRestsWhileIdle(t *testing.T) {
 	m := Start()
 	defer m.Close()
-	time.Sleep(2100 * time.Millisecond) // past the 2s a monitor waits before it rests
+	time.Sleep(restAfter + 100*time.Millisecond)
 	before := m.wakes.Load()
 	time.Sleep(2 * time.Second)
 	if n := m.wakes.Load() - before; n > 4 {
 		t.Errorf("%d wake-ups in 2s of an idle process, want at most 4", n)
 	}
+}
+
+// TestBusyWakesARestingMonitor: the first request after a rest brings the
+// ticks back at once, and they stay while requests come; the lag it
+// measures then is that of its ticks, not of the rest.
+func TestBusyWakesARestingMonitor(t *testing.T) {
+	m := Start()
+	defer m.Close()
+	time.Sleep(restAfter + 100*time.Millisecond)
+	if !m.resting.Load() {
+		t.Fatal("not resting after 2s without a request")
+	}
+	before := m.wakes.Load()
+	m.Busy()
+	deadline := time.Now().Add(time.Second)
+	for m.wakes.Load() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("a request did not wake the resting monitor within 1s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if woke := time.Until(deadline); woke < 900*time.Millisecond {
+		t.Errorf("the monitor woke %v after the request, want within 100ms", time.Second-woke)
+	}
+	stop := requests(m)
+	start := m.wakes.Load()
+	time.Sleep(500 * time.Millisecond)
+	n := m.wakes.Load() - start
+	stop()
+	if n < 25 || m.resting.Load() {
+		t.Errorf("%d wake-ups in 500ms of requests (resting %v), want about 50", n, m.resting.Load())
+	}
+	if lag := m.Recent(); lag > 100*time.Millisecond {
+		t.Errorf("lag %v on an idle machine after a rest, want the ticks' own", lag)
+	}
+}
+
+// requests calls m.Busy every few milliseconds, as requests would, until
+// the returned func is called.
+func requests(m *Monitor) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(3 * time.Millisecond):
+				m.Busy()
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }

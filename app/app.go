@@ -368,6 +368,7 @@ func (a *App) newHandler(cfg *config.Config) *handler.Handler {
 		Timeout:        cfg.Redis.Timeout,
 		Logger:         a.log,
 		Observer:       a.observer,
+		Asked:          a.lag.Busy, // the lag monitor ticks while /auth requests come
 
 		// NGINX's $request_id, quoted in denial log lines.
 		RequestIDHeader: id.RequestIDHeader,
@@ -386,7 +387,6 @@ func (a *App) goBG(f func(ctx context.Context)) {
 // Handler is the main listener's handler: /auth, /healthz, /readyz.
 func (a *App) Handler() fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
-		a.lag.Busy() // ticking while requests come (internal/lag)
 		// The handler goes with the rules (Reload swaps both at once):
 		// deny_status and the identity settings are decided with the
 		// rules they were loaded with.

@@ -71,7 +71,7 @@ rules:
 					return
 				default:
 				}
-				a.lag.Busy() // as App.Handler does for each request
+				a.lag.Busy() // as the handler does for each /auth request
 				req := limits.Request{User: []byte("u" + strconv.Itoa(c*1000+i)), IP: []byte("192.0.2.1")}
 				// As the handler does: redis.timeout for the decision.
 				ctx, cancel := context.WithTimeout(context.Background(), cfg.Redis.Timeout)

@@ -85,6 +85,9 @@ type Options struct {
 	// Observer, when set, is told about every /auth answer (metrics, the
 	// admin API's top-denied sketch). Nil observes nothing.
 	Observer Observer
+	// Asked, when set, is called as each /auth request begins (not for
+	// /healthz or /readyz): the lag monitor ticks while requests come.
+	Asked func()
 }
 
 // Observer is told about every /auth answer, after it is written. It is
@@ -168,7 +171,8 @@ type Handler struct {
 	denySampler   *countingSampler
 	shadowSampler *countingSampler
 
-	obs Observer
+	obs   Observer
+	asked func()
 	// headers, when the Decider is a HeaderReader: the headers rules read.
 	headers HeaderReader
 
@@ -216,6 +220,7 @@ func New(d Decider, store Pinger, opts Options) *Handler {
 		maxCost:    opts.MaxCost,
 		timeout:    opts.Timeout,
 		obs:        opts.Observer,
+		asked:      opts.Asked,
 	}
 	h.headers, _ = d.(HeaderReader)
 	h.pool.New = func() any {
@@ -346,6 +351,9 @@ func (h *Handler) ServeWith(ctx *fasthttp.RequestCtx, rs limits.RuleSet) {
 	defer h.survive(ctx)
 	switch string(ctx.Path()) {
 	case "/auth":
+		if h.asked != nil {
+			h.asked()
+		}
 		h.auth(ctx, rs)
 	case "/healthz":
 		ctx.SetStatusCode(fasthttp.StatusOK)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -394,6 +395,23 @@ func TestHealth(t *testing.T) {
 		ts.get(t, "/readyz"))
 	left := <-f.deadline
 	check(t, left > 0 && left <= 30*time.Millisecond, "Ping must get the timeout, got %v", left)
+}
+
+// TestAskedOnAuthOnly: Options.Asked hears each /auth request, bad ones
+// too, and not the probes or other paths (a Kubernetes probe every few
+// seconds would keep the lag monitor ticking on an idle pod).
+func TestAskedOnAuthOnly(t *testing.T) {
+	l, _ := newLimiter(t)
+	var asked atomic.Int64
+	ts := serve(t, New(l, l, Options{Asked: func() { asked.Add(1) }}))
+	ts.get(t, "/healthz")
+	ts.get(t, "/readyz")
+	ts.get(t, "/")
+	ts.get(t, "/auth/x")
+	equal(t, int64(0), asked.Load(), "asked on probes and other paths")
+	ts.get(t, "/auth", std("192.0.2.1")...)
+	ts.get(t, "/auth") // no headers: a 400, asked all the same
+	equal(t, int64(2), asked.Load(), "asked on /auth")
 }
 
 func TestAuthAnyMethodNoBody(t *testing.T) {

@@ -49,8 +49,8 @@ func Start() *Monitor {
 	return m
 }
 
-// Busy tells the monitor a request came: call it for each one. It costs
-// an atomic load, and a store once per tick.
+// Busy tells the monitor a decision was asked for: call it for each one.
+// It costs an atomic load, and a store once per tick.
 func (m *Monitor) Busy() {
 	if m.seen.Load() {
 		return

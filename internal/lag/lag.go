@@ -29,13 +29,13 @@ type Monitor struct {
 	// worst holds, in ns, the worst lag of the current window and of the
 	// one before it; cur (owned by run) says which is current.
 	worst [2]atomic.Int64
-	// seen is set by Busy and cleared by each tick: whether a request came
-	// since the last one.
+	// seen is set by Busy and cleared by each wake-up: whether a request
+	// came since the last one.
 	seen atomic.Bool
-	// resting is true while the monitor wakes every rest; Busy then wakes
-	// it through kick.
-	resting atomic.Bool
-	kick    chan struct{}
+	// kick wakes a resting monitor: Busy sends on it when it sets seen.
+	// While ticking the monitor does not listen, and a kick left from then
+	// is dropped when it goes to rest.
+	kick chan struct{}
 	// wakes counts the monitor's wake-ups (tests).
 	wakes atomic.Uint64
 	stop  chan struct{}
@@ -50,17 +50,16 @@ func Start() *Monitor {
 }
 
 // Busy tells the monitor a decision was asked for: call it for each one.
-// It costs an atomic load, and a store once per tick.
+// It costs an atomic load, and once per tick a store and a send that
+// never blocks.
 func (m *Monitor) Busy() {
 	if m.seen.Load() {
 		return
 	}
 	m.seen.Store(true)
-	if m.resting.Load() {
-		select {
-		case m.kick <- struct{}{}:
-		default:
-		}
+	select {
+	case m.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -73,7 +72,7 @@ func (m *Monitor) run() {
 	every := tick
 	for {
 		due := time.Now().Add(every)
-		var kick chan struct{} // nil while ticking: a kick matters only at rest
+		var kick chan struct{} // nil while ticking
 		if every == rest {
 			kick = m.kick
 		}
@@ -84,9 +83,11 @@ func (m *Monitor) run() {
 		case <-t.C:
 		case <-kick:
 			kicked = true
+			t.Stop()
 		}
 		m.wakes.Add(1)
 		now := time.Now()
+		// a kicked wake-up is early: it measures nothing
 		if late := int64(now.Sub(due)); !kicked && late > m.worst[cur].Load() {
 			m.worst[cur].Store(late)
 		}
@@ -95,43 +96,28 @@ func (m *Monitor) run() {
 			m.worst[cur].Store(0)
 			began = now
 		}
-		switch {
-		case m.seen.Swap(false):
+		if m.seen.Swap(false) || kicked {
 			quiet = 0
-		case every == tick:
+		} else if every == tick {
 			quiet += tick
 		}
-		if kicked || quiet < restAfter {
-			if every == rest {
-				// Busy may have seen resting before this store: it kicked
-				// (drained here) or will find it false and not kick
-				m.resting.Store(false)
+		next := tick
+		if quiet >= restAfter {
+			next = rest
+			if every == tick {
+				// Going to rest: drop a kick sent while ticking, then look
+				// at seen once more (a request between the Swap above and
+				// the drain kicked into it).
 				select {
 				case <-m.kick:
 				default:
 				}
-			}
-			every = tick
-		} else if every == tick {
-			every = rest
-			m.resting.Store(true)
-			// a request that came after the Swap above saw resting false
-			// and did not kick: look at seen once more
-			if m.seen.Load() {
-				m.resting.Store(false)
-				every, quiet = tick, 0
-				select { // it may have kicked after all
-				case <-m.kick:
-				default:
+				if m.seen.Load() {
+					next, quiet = tick, 0
 				}
 			}
 		}
-		if kicked && !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
+		every = next
 		t.Reset(every)
 	}
 }

@@ -76,6 +76,15 @@ func serveOn(t *testing.T, h fasthttp.RequestHandler) *fasthttp.HostClient {
 // call does one request and returns status and body.
 func call(t *testing.T, c *fasthttp.HostClient, method, uri, body string, kv ...string) (int, string) {
 	t.Helper()
+	code, answer, err := request(c, method, uri, body, kv...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, answer
+}
+
+// request is call for any goroutine: a failed request is its error.
+func request(c *fasthttp.HostClient, method, uri, body string, kv ...string) (int, string, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -88,9 +97,9 @@ func call(t *testing.T, c *fasthttp.HostClient, method, uri, body string, kv ...
 		req.SetBodyString(body)
 	}
 	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
-		t.Fatal(err)
+		return 0, "", err
 	}
-	return resp.StatusCode(), string(resp.Body())
+	return resp.StatusCode(), string(resp.Body()), nil
 }
 
 func (s *stack) ask(kv ...string) int {

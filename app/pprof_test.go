@@ -103,7 +103,7 @@ func TestPprofBadInput(t *testing.T) {
 		codes := make(chan int, 2)
 		for range 2 {
 			go func() {
-				code, _ := callErr(c, target, auth...)
+				code, _, _ := request(c, "GET", target, "", auth...) // 0 when it failed
 				codes <- code
 			}()
 		}
@@ -117,22 +117,6 @@ func TestPprofBadInput(t *testing.T) {
 	if code != 200 || len(body) < 50 {
 		t.Fatalf("a CPU profile after the others ended: %d, %d bytes", code, len(body))
 	}
-}
-
-// callErr is call for a goroutine other than the test's: a failed request
-// is status 0.
-func callErr(c *fasthttp.HostClient, uri string, kv ...string) (int, string) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + uri)
-	for i := 0; i+1 < len(kv); i += 2 {
-		req.Header.Set(kv[i], kv[i+1])
-	}
-	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
-		return 0, err.Error()
-	}
-	return resp.StatusCode(), string(resp.Body())
 }
 
 // rawStatus sends a GET of target, written into the request line as it

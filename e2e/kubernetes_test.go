@@ -202,12 +202,7 @@ func TestKubernetesDeployment(t *testing.T) {
 		return fmt.Sprintf("http://127.0.0.1:%d%s", hostPort[ports[p.HTTPGet.Port]], p.HTTPGet.Path)
 	}
 	for name, p := range map[string]k8sProbe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
-		if err := waitFor(10*time.Second, func() error {
-			if proc.exited() {
-				return fmt.Errorf("exited: %v", proc.Err())
-			}
-			return httpStatus(probeURL(p), http.StatusOK)
-		}); err != nil {
+		if err := waitServing(proc, 10*time.Second, func() error { return httpStatus(probeURL(p), http.StatusOK) }); err != nil {
 			t.Fatalf("%s probe %s: %v\n%s", name, probeURL(p), err, proc.logTail())
 		}
 	}

@@ -367,8 +367,8 @@ func startNginx(t testing.TB, name, conf string, rw rewrite) *nginxServer {
 			maps.Copy(try.extra, h2Listen(n.h2Port))
 		}
 		copyNginxDir(t, n.prefix, try)
-		n.proc = startProc(t, "nginx "+name, filepath.Join(n.prefix, "logs", "stderr.log"),
-			bin, "-p", n.prefix+"/", "-c", conf, "-g", "daemon off;")
+		stderr := filepath.Join(n.prefix, "logs", "stderr.log")
+		n.proc = startProc(t, "nginx "+name, stderr, bin, "-p", n.prefix+"/", "-c", conf, "-g", "daemon off;")
 		url := fmt.Sprintf("http://127.0.0.1:%d/nginx-health", n.port)
 		err := waitServing(n.proc, 10*time.Second, func() error { return httpStatus(url, http.StatusOK) })
 		if err == nil {
@@ -379,9 +379,10 @@ func startNginx(t testing.TB, name, conf string, rw rewrite) *nginxServer {
 			})
 			return n
 		}
+		taken := portTaken(n.proc, stderr, 0) // each try has its own prefix: its log starts empty
 		n.proc.stop()
 		last = fmt.Sprintf("%v\nstderr:\n%s\nerror.log:\n%s", err, n.proc.logTail(), procs.FileTail(n.errorLog(), 20))
-		if !strings.Contains(last, "Address already in use") {
+		if !taken {
 			break
 		}
 	}

@@ -53,7 +53,10 @@ func TestRecentFollowsCPU(t *testing.T) {
 
 // TestRestsWhileIdle: a process nobody asks anything wakes the monitor
 // about once a second, not a hundred times (the 100 Hz ticks were most of
-// an idle rategate's CPU: 1.35% of a core against 0.3% without them).
+// an idle rategate's CPU: 1.35% of a core against 0.3% without them). The
+// first request after the rest brings the ticks back at once, and they
+// stay while requests come; the lag measured then is that of its ticks,
+// not of the rest.
 func TestRestsWhileIdle(t *testing.T) {
 	m := Start()
 	defer m.Close()
@@ -61,22 +64,9 @@ func TestRestsWhileIdle(t *testing.T) {
 	before := m.wakes.Load()
 	time.Sleep(2 * time.Second)
 	if n := m.wakes.Load() - before; n > 4 {
-		t.Errorf("%d wake-ups in 2s of an idle process, want at most 4", n)
+		t.Fatalf("%d wake-ups in 2s of an idle process, want at most 4", n)
 	}
-}
 
-// TestBusyWakesARestingMonitor: the first request after a rest brings the
-// ticks back at once, and they stay while requests come; the lag it
-// measures then is that of its ticks, not of the rest.
-func TestBusyWakesARestingMonitor(t *testing.T) {
-	m := Start()
-	defer m.Close()
-	time.Sleep(restAfter + 100*time.Millisecond)
-	before := m.wakes.Load()
-	time.Sleep(200 * time.Millisecond)
-	if n := m.wakes.Load() - before; n > 1 {
-		t.Fatalf("%d wake-ups in 200ms after 2s without a request: not resting", n)
-	}
 	before = m.wakes.Load()
 	m.Busy()
 	deadline := time.Now().Add(time.Second)
